@@ -1,0 +1,7 @@
+"""``python -m cugraphrt``: the same as the ``cugraphrt`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,221 @@
+"""cuBLAS GEMMs inside captures, which CuPy refuses on its own.
+
+CuPy's cuBLAS wrappers call ``cublasSetStream`` through a check that raises
+``NotImplementedError`` whenever the stream is capturing (CuPy issue 6290). CuPy's matmul
+code reaches those wrappers through the ``cupy_backends.cuda.libs.cublas`` module's
+attributes, so cugraphrt replaces the GEMM-family attributes with functions that, inside a
+cugraphrt capture, call the same cuBLAS library directly (ctypes) on a cuBLAS handle of
+cugraphrt's own:
+
+* the handle's stream is the capturing stream, its math and pointer modes mirror CuPy's
+  handle, so results equal eager CuPy's;
+* its workspace is a block of the capture's pool, set explicitly with
+  ``cublasSetWorkspace``, so cuBLAS never calls ``cudaMalloc`` during capture and each graph
+  owns its workspace (resetting one graph cannot break another);
+* CuPy's own handle is never touched. Outside captures the original functions run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+
+from . import _capture
+from .errors import CaptureError, CugraphrtError
+
+__all__ = ["install", "ensure_capture_handle", "GEMM_FUNCTIONS"]
+
+_vp, _i, _ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+
+# CuPy wrapper name -> (cuBLAS symbol, argument types after the handle). Every argument is
+# passed through exactly as CuPy passes it (pointers as ints, host scalars by address).
+_GEMM = [_i, _i, _i, _i, _i, _vp, _vp, _i, _vp, _i, _vp, _vp, _i]
+_GEMM_EX = [_i, _i, _i, _i, _i, _vp, _vp, _i, _i, _vp, _i, _i, _vp, _vp, _i, _i]
+_GEMM_BATCHED = [_i, _i, _i, _i, _i, _vp, _vp, _i, _vp, _i, _vp, _vp, _i, _i]
+_GEMM_STRIDED = [_i, _i, _i, _i, _i, _vp, _vp, _i, _ll, _vp, _i, _ll, _vp, _vp, _i, _ll, _i]
+GEMM_FUNCTIONS: dict[str, tuple[str, list]] = {
+    "sgemm": ("cublasSgemm_v2", _GEMM),
+    "dgemm": ("cublasDgemm_v2", _GEMM),
+    "cgemm": ("cublasCgemm_v2", _GEMM),
+    "zgemm": ("cublasZgemm_v2", _GEMM),
+    "sgemmEx": ("cublasSgemmEx", _GEMM_EX),
+    "gemmEx": ("cublasGemmEx", _GEMM_EX + [_i, _i]),
+    "sgemmBatched": ("cublasSgemmBatched", _GEMM_BATCHED),
+    "dgemmBatched": ("cublasDgemmBatched", _GEMM_BATCHED),
+    "cgemmBatched": ("cublasCgemmBatched", _GEMM_BATCHED),
+    "zgemmBatched": ("cublasZgemmBatched", _GEMM_BATCHED),
+    "sgemmStridedBatched": ("cublasSgemmStridedBatched", _GEMM_STRIDED),
+    "dgemmStridedBatched": ("cublasDgemmStridedBatched", _GEMM_STRIDED),
+    "cgemmStridedBatched": ("cublasCgemmStridedBatched", _GEMM_STRIDED),
+    "zgemmStridedBatched": ("cublasZgemmStridedBatched", _GEMM_STRIDED),
+    "gemmStridedBatchedEx": (
+        "cublasGemmStridedBatchedEx",
+        [_i, _i, _i, _i, _i, _vp, _vp, _i, _i, _ll, _vp, _i, _i, _ll, _vp, _vp, _i, _i, _ll,
+         _i, _i, _i],
+    ),
+}
+
+
+def _workspace_bytes(compute_capability: int) -> int:
+    configured = os.environ.get("CUGRAPHRT_CUBLAS_WORKSPACE_BYTES")
+    if configured:
+        return int(configured)
+    # cuBLAS's own recommendation: 32 MiB on Hopper and newer, 4 MiB before.
+    return (32 if compute_capability >= 90 else 4) << 20
+
+
+class _Library:
+    """The cuBLAS library CuPy loaded, bound through ctypes."""
+
+    def __init__(self) -> None:
+        path = _loaded_library_path("libcublas.so")
+        lib = ctypes.CDLL(path)
+        self.path = path
+        self.create = _fn(lib, "cublasCreate_v2", [ctypes.POINTER(_vp)])
+        self.set_stream = _fn(lib, "cublasSetStream_v2", [_vp, _vp])
+        self.set_workspace = _fn(lib, "cublasSetWorkspace_v2", [_vp, _vp, ctypes.c_size_t])
+        self.get_math_mode = _fn(lib, "cublasGetMathMode", [_vp, ctypes.POINTER(_i)])
+        self.set_math_mode = _fn(lib, "cublasSetMathMode", [_vp, _i])
+        self.get_pointer_mode = _fn(lib, "cublasGetPointerMode_v2", [_vp, ctypes.POINTER(_i)])
+        self.set_pointer_mode = _fn(lib, "cublasSetPointerMode_v2", [_vp, _i])
+        self.gemms = {
+            name: _fn(lib, symbol, [_vp] + argtypes)
+            for name, (symbol, argtypes) in GEMM_FUNCTIONS.items()
+        }
+
+
+def _fn(lib: ctypes.CDLL, name: str, argtypes: list):
+    fn = getattr(lib, name)
+    fn.argtypes = argtypes
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _loaded_library_path(stem: str) -> str:
+    """Path of an already loaded shared library whose file name starts with ``stem``.
+
+    Binding the very file CuPy loaded guarantees one copy of cuBLAS in the process, so
+    handles and modes are shared state, not two libraries' worth.
+    """
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                name = os.path.basename(path)
+                if name.startswith(stem) and "Lt" not in name:
+                    return path
+    except OSError:
+        pass
+    return stem + ".13"  # let the dynamic linker find it by its soname
+
+
+_library: _Library | None = None
+_library_lock = threading.Lock()
+_handles = threading.local()
+
+
+def _lib() -> _Library:
+    global _library
+    if _library is None:
+        with _library_lock:
+            if _library is None:
+                _library = _Library()
+    return _library
+
+
+def ensure_capture_handle(device_id: int) -> int:
+    """This thread's capture handle for ``device_id``, created outside any capture."""
+    by_device = getattr(_handles, "by_device", None)
+    if by_device is None:
+        by_device = _handles.by_device = {}
+    handle = by_device.get(device_id)
+    if handle is None:
+        out = _vp(0)
+        _check(_lib().create(ctypes.byref(out)), "cublasCreate")
+        handle = by_device[device_id] = int(out.value)
+    return handle
+
+
+def _check(status: int, call: str) -> None:
+    if status != 0:
+        raise CugraphrtError(f"{call} failed (got cuBLAS status {status})")
+
+
+def _prepare(capture, cupy_handle: int) -> int:
+    """Point the capture handle at the capture stream and pool workspace; mirror modes."""
+    lib = _lib()
+    by_device = getattr(_handles, "by_device", {})
+    handle = by_device.get(capture.device_id)
+    if handle is None:
+        raise CaptureError(
+            "cuBLAS was first used inside a capture (got no cuBLAS handle from before the "
+            "capture began); run the matrix product once before capturing (warm-up)"
+        )
+    mode = _i(0)
+    _check(lib.get_math_mode(cupy_handle, ctypes.byref(mode)), "cublasGetMathMode")
+    _check(lib.set_math_mode(handle, mode.value), "cublasSetMathMode")
+    _check(lib.get_pointer_mode(cupy_handle, ctypes.byref(mode)), "cublasGetPointerMode")
+    _check(lib.set_pointer_mode(handle, mode.value), "cublasSetPointerMode")
+    stream_ptr = _capture._get_current_stream().ptr
+    _check(lib.set_stream(handle, stream_ptr), "cublasSetStream")
+    workspace = _workspace_for(capture, stream_ptr)
+    _check(lib.set_workspace(handle, workspace.ptr, workspace.mem.size), "cublasSetWorkspace")
+    return handle
+
+
+def _workspace_for(capture, stream_ptr: int):
+    for item in capture.keepalive:
+        if isinstance(item, _Workspace):
+            return item.pointer
+    from cupy.cuda import Device
+
+    nbytes = _workspace_bytes(int(Device(capture.device_id).compute_capability))
+    pointer = capture.pool._allocate(nbytes, stream_ptr, capture.token)
+    holder = _Workspace(pointer)
+    capture.keepalive.append(holder)
+    # Hand the workspace back to the pool when the capture ends: the pool stays reserved for
+    # the graph, and a later capture into the same pool may reuse the block, exactly like a
+    # temporary array.
+    capture.finish_hooks.append(holder.drop)
+    return pointer
+
+
+class _Workspace:
+    __slots__ = ("pointer",)
+
+    def __init__(self, pointer) -> None:
+        self.pointer = pointer
+
+    def drop(self, capture) -> None:
+        self.pointer = None
+        if self in capture.keepalive:
+            capture.keepalive.remove(self)
+
+
+def _capturable(name: str, original, c_function_name: str):
+    @functools.wraps(original)
+    def gemm(handle, *args):
+        capture = _capture.current_capture()
+        if capture is None:
+            return original(handle, *args)
+        ours = _prepare(capture, handle)
+        status = _lib().gemms[name](ours, *args)
+        if status != 0:
+            raise CaptureError(
+                f"cuBLAS {c_function_name} failed during capture (got cuBLAS status "
+                f"{status}); check the operands, or run this product outside the capture"
+            )
+
+    gemm.__cugraphrt_original__ = original
+    return gemm
+
+
+def install(module) -> None:
+    """Replace the GEMM-family functions of CuPy's cuBLAS module (idempotent)."""
+    for name, (symbol, _) in GEMM_FUNCTIONS.items():
+        original = getattr(module, name, None)
+        if original is None or hasattr(original, "__cugraphrt_original__"):
+            continue
+        setattr(module, name, _capturable(name, original, symbol))

@@ -1,0 +1,162 @@
+"""CUDA libraries inside captures: what cugraphrt enables and what it refuses clearly.
+
+Run by every capture before it begins (``prepare_capture``):
+
+* cuBLAS: the GEMM family is made capturable (see :mod:`cugraphrt._cublas`); every other
+  cuBLAS routine raises :class:`CaptureError` naming it.
+* cuRAND (``cupy.random``'s legacy API): raises :class:`CaptureError` naming the
+  :mod:`cugraphrt.random` replacement. Its numbers would repeat on every replay anyway.
+* cuSOLVER, cuSPARSE: raise :class:`CaptureError` naming the call.
+* cuFFT: cached plans capture fine; creating a plan inside a capture raises
+  :class:`CaptureError`, because the plan's work area would come from the graph's pool and
+  then be used by eager FFTs.
+
+The replacements are installed once, on CuPy's modules, and do nothing outside captures but
+call the original.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+import threading
+
+from . import _capture, _cublas
+from .errors import CaptureError
+
+__all__ = ["prepare_capture"]
+
+_CUBLAS = "cupy_backends.cuda.libs.cublas"
+_GUARDED_MODULES = {
+    _CUBLAS: ("cuBLAS", "cugraphrt captures the GEMM family (matmul, dot, tensordot, einsum, "
+                        "batched matmul); run this routine outside the captured region"),
+    "cupy_backends.cuda.libs.curand": (
+        "cuRAND", "use cugraphrt.random (rand, randn, uniform, normal, randint, bernoulli), "
+                  "which draws fresh numbers on every replay"),
+    "cupy_backends.cuda.libs.cusolver": (
+        "cuSOLVER", "CUDA graphs cannot record cuSOLVER through CuPy; run the solver outside "
+                    "the captured region and capture the work around it"),
+    "cupy_backends.cuda.libs.cusparse": (
+        "cuSPARSE", "CUDA graphs cannot record cuSPARSE through CuPy; run the sparse "
+                    "operation outside the captured region"),
+}
+# Functions that only read or set host-side handle state: harmless during capture.
+_UNGUARDED = {"create", "destroy", "getVersion", "getProperty", "setPointerMode",
+              "getPointerMode", "setMathMode", "getMathMode", "getStream", "check_status",
+              "createGenerator", "destroyGenerator"}
+
+_lock = threading.Lock()
+_done: set[str] = set()
+
+
+def prepare_capture() -> None:
+    """Install the library hooks that apply now; called before every capture begins."""
+    if len(_done) < len(_GUARDED_MODULES) + 2:
+        with _lock:
+            _install_pending()
+    if _CUBLAS in sys.modules:
+        from cupy_backends.cuda.api import runtime
+
+        _cublas.ensure_capture_handle(runtime.getDevice())
+    random_module = sys.modules.get("cugraphrt.random")
+    if random_module is not None:
+        # The default generator's state must be written eagerly, before the capture.
+        random_module._ensure_default_generator()
+
+
+def _install_pending() -> None:
+    if "random" not in _done:
+        _guard_cupy_random()
+        _done.add("random")
+    if "cufft" not in _done:
+        try:
+            cufft = importlib.import_module("cupy.cuda.cufft")
+        except ImportError:  # no cuFFT library installed: nothing can create plans
+            cufft = None
+        if cufft is not None:
+            for name in ("Plan1d", "PlanNd"):
+                original = getattr(cufft, name)
+                if not isinstance(original, _PlanGuardMeta):
+                    setattr(cufft, name, _PlanGuardMeta.wrapping(original))
+        _done.add("cufft")
+    for module_name, (library, advice) in _GUARDED_MODULES.items():
+        module = sys.modules.get(module_name)
+        if module_name in _done or module is None:
+            continue  # not loaded yet: CuPy's own refusal is translated by cugraphrt.graph
+        if module_name == _CUBLAS:
+            _cublas.install(module)
+        _guard_module(module, library, advice)
+        _done.add(module_name)
+
+
+def _guard_module(module, library: str, advice: str) -> None:
+    short = module.__name__.rsplit(".", 1)[-1]
+    for name, fn in list(vars(module).items()):
+        if (name.startswith("_") or name in _UNGUARDED or not callable(fn)
+                or isinstance(fn, type) or hasattr(fn, "__cugraphrt_original__")):
+            continue
+        setattr(module, name, _refusing(fn, f"{short}.{name}", library, advice))
+
+
+def _refusing(fn, qualname: str, library: str, advice: str):
+    @functools.wraps(fn)
+    def guarded(*args, **kwargs):
+        if _capture.current_capture() is not None:
+            raise CaptureError(
+                f"{library} call {qualname} cannot be captured (got a call during a "
+                f"cugraphrt capture): {advice}"
+            )
+        return fn(*args, **kwargs)
+
+    guarded.__cugraphrt_original__ = fn
+    return guarded
+
+
+def _guard_cupy_random() -> None:
+    try:
+        generator = importlib.import_module("cupy.random._generator")
+    except ImportError:  # pragma: no cover - CuPy always ships it
+        return
+    advice = _GUARDED_MODULES["cupy_backends.cuda.libs.curand"][1]
+    original = generator.get_random_state
+    if not hasattr(original, "__cugraphrt_original__"):
+        generator.get_random_state = _refusing(
+            original, "cupy.random (legacy RandomState API)", "cuRAND", advice)
+    init = generator.RandomState.__init__
+    if not hasattr(init, "__cugraphrt_original__"):
+        generator.RandomState.__init__ = _refusing(
+            init, "cupy.random.RandomState()", "cuRAND", advice)
+
+
+class _PlanGuardMeta(type):
+    """Stands in for a cuFFT plan class: refuses construction during capture only.
+
+    ``isinstance`` and ``issubclass`` still answer for the original class, so plans made
+    before the guard was installed keep working everywhere CuPy checks their type.
+    """
+
+    _original: type
+
+    @classmethod
+    def wrapping(mcs, original: type) -> _PlanGuardMeta:
+        return mcs(original.__name__, (), {
+            "_original": original, "__doc__": original.__doc__,
+            "__module__": original.__module__, "__qualname__": original.__qualname__,
+        })
+
+    def __call__(cls, *args, **kwargs):
+        if _capture.current_capture() is not None:
+            raise CaptureError(
+                f"a cuFFT plan ({cls._original.__name__}) would be created during capture "
+                f"(got an FFT whose plan is not cached yet); its work area would come from "
+                f"the graph's pool and later be used by eager FFTs. Run the same FFT once "
+                f"before capturing (warm-up) so the plan is cached"
+            )
+        return cls._original(*args, **kwargs)
+
+    def __instancecheck__(cls, obj) -> bool:
+        return isinstance(obj, cls._original)
+
+    def __subclasscheck__(cls, sub) -> bool:
+        return issubclass(sub, cls._original)

@@ -1,0 +1,185 @@
+"""Backing allocators: where a graph memory pool gets its segments from.
+
+A backing allocator is any object with this small, versioned interface (version 1)::
+
+    interface_version: int            # 1
+    device_id: int                    # the device the memory lives on
+    malloc(nbytes: int) -> int        # device pointer; raise BackingOutOfMemoryError
+    free(ptr: int, nbytes: int) -> None
+    mem_info() -> tuple[int, int]     # (free_bytes, total_bytes) of the device
+
+Pools ask for large segments (2 MiB and up) and carve them into blocks themselves, so a
+backing allocator sees few calls. The default, :class:`CudaBackingAllocator`, uses
+``cudaMalloc``/``cudaFree``. Plug in another (an RMM pool, a NUMA-aware arena, a fake for
+tests) with ``cugraphrt.MemPool(backing=...)``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol, runtime_checkable
+
+from .errors import OptionsError
+
+__all__ = [
+    "BACKING_INTERFACE_VERSION",
+    "BackingAllocator",
+    "BackingOutOfMemoryError",
+    "CudaBackingAllocator",
+    "check_backing",
+]
+
+#: The interface version this release of cugraphrt speaks.
+BACKING_INTERFACE_VERSION = 1
+
+
+class BackingOutOfMemoryError(MemoryError):
+    """Raised by a backing allocator's ``malloc`` when the device has no room."""
+
+
+@runtime_checkable
+class BackingAllocator(Protocol):
+    """The interface a pool's backing allocator implements (version 1)."""
+
+    interface_version: int
+    device_id: int
+
+    def malloc(self, nbytes: int) -> int:
+        """Allocate ``nbytes`` of device memory and return its address."""
+
+    def free(self, ptr: int, nbytes: int) -> None:
+        """Give back memory returned by :meth:`malloc`."""
+
+    def mem_info(self) -> tuple[int, int]:
+        """Free and total bytes of the device."""
+
+
+def check_backing(backing: object) -> None:
+    """Reject objects that do not implement the version-1 interface."""
+    version = getattr(backing, "interface_version", None)
+    if version != BACKING_INTERFACE_VERSION or not isinstance(backing, BackingAllocator):
+        raise OptionsError(
+            "backing",
+            backing,
+            f"a backing allocator with interface_version == {BACKING_INTERFACE_VERSION} "
+            f"and malloc(nbytes), free(ptr, nbytes), mem_info() and device_id "
+            f"(got interface_version={version!r})",
+        )
+
+
+class _CaptureActivity:
+    """Counts captures underway in the process and holds cudaFree calls back meanwhile.
+
+    ``cudaFree`` synchronizes the device, which CUDA forbids while a global-mode capture is
+    underway in any thread, so segments given back during a capture are freed when the last
+    capture ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._active = 0
+        self._deferred: list[tuple[CudaBackingAllocator, int]] = []
+
+    @property
+    def active(self) -> int:
+        return self._active
+
+    def enter(self) -> None:
+        with self._lock:
+            self._active += 1
+
+    def exit(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active > 0 or not self._deferred:
+                return
+            deferred, self._deferred = self._deferred, []
+        for backing, ptr in deferred:
+            backing._free_now(ptr)
+
+    def defer_or_run(self, backing: CudaBackingAllocator, ptr: int) -> bool:
+        """Queue the free if a capture is underway; return True if it was queued."""
+        with self._lock:
+            if self._active == 0:
+                return False
+            self._deferred.append((backing, ptr))
+            return True
+
+
+capture_activity = _CaptureActivity()
+
+
+class CudaBackingAllocator:
+    """Segments from ``cudaMalloc``, safe to grow during any capture.
+
+    ``cudaMalloc`` is an unsafe call under a global-mode capture. Like PyTorch, the thread's
+    capture mode is exchanged for relaxed around the call, so the pool can grow in the middle
+    of a capture without invalidating it.
+
+    Parameters
+    ----------
+    device_id : int
+        The device to allocate on.
+    """
+
+    interface_version = BACKING_INTERFACE_VERSION
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = int(device_id)
+
+    def malloc(self, nbytes: int) -> int:
+        from cupy_backends.cuda.api import runtime
+
+        from . import _cuda
+
+        with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
+            try:
+                return int(runtime.malloc(nbytes))
+            except runtime.CUDARuntimeError as exc:
+                if exc.status == _cuda.OUT_OF_MEMORY:
+                    raise BackingOutOfMemoryError(nbytes) from None
+                raise _cuda.error_from_status(exc.status, "cudaMalloc") from exc
+
+    def free(self, ptr: int, nbytes: int) -> None:
+        if not capture_activity.defer_or_run(self, ptr):
+            self._free_now(ptr)
+
+    def _free_now(self, ptr: int) -> None:
+        from cupy_backends.cuda.api import runtime
+
+        from . import _cuda
+
+        with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
+            runtime.free(ptr)
+
+    def mem_info(self) -> tuple[int, int]:
+        from . import _cuda
+
+        # Asked while a capture may be underway (to report an out-of-memory error).
+        with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
+            return _cuda.mem_info()
+
+    def __repr__(self) -> str:
+        return f"CudaBackingAllocator(device_id={self.device_id})"
+
+
+class _on_device:
+    """Make ``device_id`` current for a block, restoring the previous device after."""
+
+    __slots__ = ("device_id", "previous")
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+
+    def __enter__(self) -> None:
+        from cupy_backends.cuda.api import runtime
+
+        self.previous = runtime.getDevice()
+        if self.previous != self.device_id:
+            runtime.setDevice(self.device_id)
+
+    def __exit__(self, *exc: object) -> None:
+        from cupy_backends.cuda.api import runtime
+
+        if self.previous != self.device_id:
+            runtime.setDevice(self.previous)

@@ -1,0 +1,138 @@
+"""The ``cugraphrt`` command: ``cugraphrt info`` and ``cugraphrt bench``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from pydantic import BaseModel
+
+__all__ = ["main", "InfoResult", "collect_info", "NO_GPU_EXIT_CODE"]
+
+#: Exit code of every subcommand when no CUDA GPU is available.
+NO_GPU_EXIT_CODE = 2
+
+
+class GpuInfo(BaseModel):
+    """One visible GPU."""
+
+    index: int
+    name: str
+    compute_capability: str
+    total_bytes: int
+    free_bytes: int
+
+
+class InfoResult(BaseModel):
+    """What ``cugraphrt info`` reports."""
+
+    cugraphrt_version: str
+    cupy_version: str | None
+    cuda_runtime_version: int | None = None
+    cuda_driver_version: int | None = None
+    gpus: list[GpuInfo] = []
+    gpu_error: str | None = None
+    torch_version: str | None = None
+    torch_error: str | None = None
+    torch_adapter: str | None = None
+
+
+def collect_info() -> InfoResult:
+    """Versions of cugraphrt, CuPy, CUDA, the GPUs, and whether torch and the adapter import."""
+    from . import __version__
+
+    try:
+        import cupy
+    except ImportError as exc:
+        return InfoResult(cugraphrt_version=__version__, cupy_version=None,
+                          gpu_error=f"CuPy is not installed ({exc})")
+    result = InfoResult(cugraphrt_version=__version__, cupy_version=cupy.__version__)
+    try:
+        if not cupy.cuda.is_available():
+            raise RuntimeError("cupy.cuda.is_available() is False")
+        runtime = cupy.cuda.runtime
+        result.cuda_runtime_version = runtime.runtimeGetVersion()
+        result.cuda_driver_version = runtime.driverGetVersion()
+        for index in range(runtime.getDeviceCount()):
+            with cupy.cuda.Device(index) as device:
+                props = runtime.getDeviceProperties(index)
+                free, total = runtime.memGetInfo()
+                name = props["name"]
+                result.gpus.append(GpuInfo(
+                    index=index,
+                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    compute_capability=device.compute_capability,
+                    total_bytes=total, free_bytes=free))
+    except Exception as exc:  # noqa: BLE001 - any failure here means "no usable GPU"
+        result.gpu_error = f"{type(exc).__name__}: {exc}"
+    try:
+        torch = importlib.import_module("torch")
+        result.torch_version = torch.__version__
+    except Exception as exc:  # noqa: BLE001
+        result.torch_error = f"{type(exc).__name__}: {exc}"
+    else:
+        try:
+            importlib.import_module("cugraphrt_torch")
+            result.torch_adapter = "imports"
+        except Exception as exc:  # noqa: BLE001
+            result.torch_adapter = f"does not import ({type(exc).__name__}: {exc})"
+    return result
+
+
+def _render_info(info: InfoResult) -> str:
+    lines = [f"cugraphrt     {info.cugraphrt_version}",
+             f"CuPy          {info.cupy_version or 'not installed'}"]
+    if info.cuda_runtime_version is not None:
+        lines.append(f"CUDA runtime  {_cuda_version(info.cuda_runtime_version)}")
+        lines.append(f"CUDA driver   {_cuda_version(info.cuda_driver_version)}")
+    for gpu in info.gpus:
+        lines.append(
+            f"GPU {gpu.index}         {gpu.name} (compute capability {gpu.compute_capability}, "
+            f"{gpu.total_bytes / 2**30:.1f} GiB, {gpu.free_bytes / 2**30:.1f} GiB free)")
+    if info.torch_version is not None:
+        lines.append(f"torch         {info.torch_version}")
+        lines.append(f"torch adapter {info.torch_adapter}")
+    else:
+        lines.append(f"torch         not importable ({info.torch_error})")
+    if not info.gpus:
+        lines.append(f"no CUDA GPU is available: {info.gpu_error or 'no device found'}")
+    return "\n".join(lines)
+
+
+def _cuda_version(v: int | None) -> str:
+    return "unknown" if v is None else f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _info(args: argparse.Namespace) -> int:
+    info = collect_info()
+    print(info.model_dump_json(indent=2) if args.json else _render_info(info))
+    return 0 if info.gpus else NO_GPU_EXIT_CODE
+
+
+def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    from .bench import main as bench_main
+
+    return bench_main(rest)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``cugraphrt`` console script."""
+    parser = argparse.ArgumentParser(prog="cugraphrt",
+                                     description="CUDA-graph runtime for CuPy and PyTorch")
+    sub = parser.add_subparsers(dest="command", required=True)
+    info = sub.add_parser("info", help="versions, GPUs and adapters")
+    info.add_argument("--json", action="store_true", help="print the report as JSON")
+    sub.add_parser("bench", help="benchmarks against CuPy, PyTorch and torch.compile",
+                   add_help=False)
+    args, rest = parser.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(args, rest)
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return _info(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

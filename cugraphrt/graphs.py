@@ -1,0 +1,453 @@
+"""Graph: capture CuPy work once, replay it with one launch."""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+
+import cupy
+
+from . import _capture, _cuda, _libs
+from . import pool as _pool_module
+from .errors import CaptureError, OptionsError, ReplayError
+from .options import CaptureOptions, validate_options
+from .pool import MemPool
+
+__all__ = ["Graph", "graph"]
+
+_current_stream = cupy.cuda.get_current_stream
+_launch = _cuda.graph_launch
+
+
+class _GraphHandles:
+    """What a Graph owns, kept apart from it so a finalizer can free it without the Graph."""
+
+    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned")
+
+    def __init__(self) -> None:
+        self.graph = 0
+        self.exec = 0
+        self.pool: MemPool | None = None
+        self.seq = -1
+        self.keepalive: list[object] = []
+        self.owned = True  # False when an adapter's object (torch's CUDAGraph) frees them
+
+    def release(self) -> None:
+        """Destroy the executable and the graph and let go of the pool; never raises."""
+        if self.exec and self.owned:
+            _cuda.destroy_exec(self.exec)
+        if self.graph and self.owned:
+            _cuda.destroy_graph(self.graph)
+        self.exec = 0
+        self.graph = 0
+        self.owned = True
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            try:
+                pool._remove_graph(self.seq)
+            except Exception:  # noqa: BLE001 - runs from finalizers too
+                pass
+        self.keepalive = []
+
+
+class Graph:
+    """A CUDA graph captured from CuPy work.
+
+    Parameters
+    ----------
+    keep_graph : bool, default False
+        Keep the graph definition after capture: needed by :meth:`instantiate`,
+        :meth:`debug_dump` and :attr:`raw_graph`. Without it the graph is instantiated at
+        :meth:`capture_end` and its definition freed.
+
+    Examples
+    --------
+    >>> g = cugraphrt.Graph()
+    >>> with cugraphrt.graph(g):
+    ...     y = x * 2 + 1
+    >>> x[...] = new_values     # update the static input in place
+    >>> g.replay()              # y now holds new_values * 2 + 1
+
+    .. seealso:: ``cudaStreamBeginCapture``, ``cudaGraphInstantiateWithFlags``,
+       ``cudaGraphLaunch``
+    """
+
+    def __init__(self, keep_graph: bool = False) -> None:
+        self._keep_graph = bool(keep_graph)
+        self._handles = _GraphHandles()
+        self._finalizer = weakref.finalize(self, _GraphHandles.release, self._handles)
+        self._capture: _capture.Capture | None = None
+        self._pool: MemPool | None = None
+        self._captured = False
+        self._exec: int | None = None  # mirrors _handles.exec; None makes replay fail fast
+
+    # -- capture ---------------------------------------------------------------------------
+
+    def capture_begin(self, pool: MemPool | None = None,
+                      capture_error_mode: str = "global") -> None:
+        """Begin capturing the work issued on CuPy's current stream.
+
+        Parameters
+        ----------
+        pool : MemPool, optional
+            Pool the capture allocates from; a new private pool if omitted. Share a pool
+            between graphs that always replay in capture order.
+        capture_error_mode : {"global", "thread_local", "relaxed"}
+            See :class:`cugraphrt.options.CaptureOptions`.
+
+        Raises
+        ------
+        CaptureError
+            On the legacy default stream, for a nested capture, or if this Graph already
+            holds a graph (call :meth:`reset` first).
+        OptionsError
+            For a bad ``pool`` or ``capture_error_mode``.
+        """
+        options = validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
+        self._begin(pool, options.capture_error_mode, start=None)
+
+    def _begin(self, pool, mode: str, start) -> _capture.Capture:
+        """Begin a capture; ``start`` lets an adapter perform the CUDA-level begin."""
+        if self._capture is not None:
+            raise CaptureError(
+                "this Graph is already capturing (got a second capture_begin()); call "
+                "capture_end() first"
+            )
+        if self._captured:
+            raise CaptureError(
+                "this Graph already holds a captured graph (got capture_begin() again); "
+                "call reset() first, or create a new Graph"
+            )
+        chosen = _resolve_pool(pool)
+        self._capture = _capture.begin(chosen, mode, prepare=_libs.prepare_capture,
+                                       start=start)
+        self._pool = chosen
+        return self._capture
+
+    def capture_end(self) -> None:
+        """End the capture and instantiate the graph (unless ``keep_graph=True``).
+
+        Warns with a UserWarning when nothing was captured.
+
+        Raises
+        ------
+        CaptureError
+            Without a capture underway, when the current stream is not the capture stream,
+            or when CUDA rejects the capture (a fork not joined back, an earlier illegal
+            call); in the last case the capture is rolled back.
+        """
+        self._end(finish=None, instantiate=True)
+
+    def _end(self, finish, instantiate: bool) -> int:
+        """End the capture; ``finish`` lets an adapter perform the CUDA-level end.
+
+        Returns the raw graph handle (0 once destroyed, when the definition is not kept).
+        """
+        capture = self._capture
+        if capture is None:
+            raise CaptureError(
+                "capture_end() without a capture underway (got no capture_begin() on this "
+                "Graph); call capture_begin() first"
+            )
+        try:
+            handle, seq = _capture.end(capture, finish)
+        except CaptureError:
+            if capture.aborted_by is not None:
+                self._capture = None
+                self._pool = None
+            raise
+        self._capture = None
+        handles = self._handles
+        handles.pool, handles.seq, handles.keepalive = capture.pool, seq, capture.keepalive
+        handles.graph = handle
+        self._captured = True
+        if _cuda.graph_node_count(handle) == 0:
+            warnings.warn(
+                "nothing was captured: the graph is empty (got 0 nodes). Work was probably "
+                "issued on another stream (an explicit `with stream:` inside the captured "
+                "region, or the legacy default stream) or on another device; issue it on the "
+                "capture stream",
+                UserWarning,
+                stacklevel=3,
+            )
+        if instantiate and not self._keep_graph:
+            self._instantiate()
+            _cuda.destroy_graph(handle)
+            handles.graph = 0
+        return handles.graph
+
+    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None) -> None:
+        """Adapter hook: the graph and executable belong to ``owner``, which frees them.
+
+        Used by the PyTorch adapter, whose ``torch.cuda.CUDAGraph`` owns the handles; the
+        Graph keeps ``owner`` alive until :meth:`reset`. ``replay``, if given, replaces this
+        Graph's replay (PyTorch's replay also advances its RNG offsets).
+        """
+        handles = self._handles
+        handles.owned = False
+        handles.graph, handles.exec = graph_handle, exec_handle
+        handles.keepalive.append(owner)
+        self._exec = exec_handle or None
+        if replay is not None:
+            self.replay = replay
+
+    def _abort_capture(self, error: BaseException | None = None) -> None:
+        capture, self._capture = self._capture, None
+        if capture is not None:
+            _capture.abort(capture, error)
+        self._pool = None
+
+    # -- replay ----------------------------------------------------------------------------
+
+    def replay(self, stream=None) -> None:
+        """Launch the graph.
+
+        Parameters
+        ----------
+        stream : cupy.cuda.Stream, optional
+            Any stream; CuPy's current stream by default.
+
+        Raises
+        ------
+        ReplayError
+            Before a successful capture or after :meth:`reset`.
+        """
+        if _pool_module._checks_enabled:
+            return self._replay_checked(stream)
+        try:
+            _launch(self._exec, _current_stream().ptr if stream is None else stream.ptr)
+        except (TypeError, AttributeError):
+            self._replay_slow(stream)
+        except _cuda.CUDARuntimeError as exc:
+            raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
+
+    def _replay_slow(self, stream) -> None:
+        ptr = _stream_ptr(stream)
+        _launch(self._ready_exec("replay()"), ptr)
+
+    def _replay_checked(self, stream) -> None:
+        ptr = _stream_ptr(stream)
+        exec_handle = self._ready_exec("replay()")
+        handles = self._handles
+        pool = handles.pool
+        pool._check_replay(handles.seq, ptr)
+        _launch(exec_handle, ptr)
+        pool._note_replay(handles.seq, ptr)
+
+    def _ready_exec(self, what: str) -> int:
+        if self._capture is not None:
+            raise ReplayError(f"{what} during capture (got a capture underway); call "
+                              f"capture_end() first")
+        if not self._captured:
+            raise ReplayError(
+                f"{what} before a successful capture or after reset() (got an empty Graph); "
+                f"capture work into it first"
+            )
+        if self._exec is None:
+            self._instantiate()
+        return self._exec
+
+    def upload(self, stream=None) -> None:
+        """Upload the executable graph to the device ahead of the first replay.
+
+        Parameters
+        ----------
+        stream : cupy.cuda.Stream, optional
+            CuPy's current stream by default.
+        """
+        _cuda.upload(self._ready_exec("upload()"), _stream_ptr(stream))
+
+    def instantiate(self) -> None:
+        """(Re-)instantiate the kept graph definition; needs ``keep_graph=True``.
+
+        Raises
+        ------
+        CaptureError
+            Without ``keep_graph=True`` or before :meth:`capture_end`.
+        """
+        if not self._keep_graph:
+            raise CaptureError(
+                "instantiate() needs Graph(keep_graph=True) (got keep_graph=False: the graph "
+                "was instantiated at capture_end() and its definition freed)"
+            )
+        if not self._captured:
+            raise CaptureError("instantiate() before capture_end() (got no captured graph)")
+        self._instantiate()
+
+    def _instantiate(self) -> None:
+        handles = self._handles
+        if handles.exec:
+            _cuda.destroy_exec(handles.exec)
+            handles.exec = 0
+            self._exec = None
+        handles.exec = _cuda.instantiate(handles.graph)
+        self._exec = handles.exec
+
+    # -- lifetime --------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """Free the graph and its hold on the pool; the Graph can capture again.
+
+        During a capture, this ends the capture and rolls its allocations back.
+        """
+        if self._capture is not None:
+            self._abort_capture(CaptureError("capture reset"))
+        self._handles.release()
+        self.__dict__.pop("replay", None)  # an adapter's replay, if one was adopted
+        self._captured = False
+        self._exec = None
+        self._pool = None
+
+    def pool(self) -> MemPool | None:
+        """The pool this Graph's capture allocated from (None before capture_begin()).
+
+        Pass it as ``pool=`` to later captures to share the memory.
+        """
+        return self._pool if self._pool is not None else self._handles.pool
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def debug_dump(self, path) -> None:
+        """Write the graph as Graphviz DOT (``cudaGraphDebugDotPrint``, verbose).
+
+        Parameters
+        ----------
+        path : str or os.PathLike
+            Output file.
+
+        Raises
+        ------
+        CaptureError
+            Without ``keep_graph=True`` or before :meth:`capture_end`.
+        """
+        _cuda.debug_dot_print(self.raw_graph, str(path))
+
+    @property
+    def raw_graph(self) -> int:
+        """The ``cudaGraph_t`` handle as an int; needs ``keep_graph=True``."""
+        if not self._keep_graph:
+            raise CaptureError(
+                "the graph definition is only kept with Graph(keep_graph=True) (got "
+                "keep_graph=False); create the Graph with keep_graph=True"
+            )
+        if not self._handles.graph:
+            raise CaptureError("no graph captured yet (got an empty Graph); capture first")
+        return self._handles.graph
+
+    @property
+    def raw_graph_exec(self) -> int:
+        """The ``cudaGraphExec_t`` handle as an int (instantiating a kept graph if needed)."""
+        return self._ready_exec("raw_graph_exec")
+
+    @property
+    def is_captured(self) -> bool:
+        """Whether the Graph holds a captured graph."""
+        return self._captured
+
+    def __repr__(self) -> str:
+        if self._capture is not None:
+            state = "capturing"
+        elif self._captured:
+            state = "captured"
+        else:
+            state = "empty"
+        pool = self.pool()
+        return f"<cugraphrt.Graph {state} pool={pool.id if pool else None}>"
+
+
+def _stream_ptr(stream) -> int:
+    if stream is None:
+        return _current_stream().ptr
+    if isinstance(stream, int):
+        return stream
+    try:
+        return stream.ptr
+    except AttributeError:
+        raise OptionsError("stream", stream, "a cupy.cuda.Stream (anything with .ptr), an "
+                           "int handle, or None for the current stream") from None
+
+
+def _resolve_pool(pool) -> MemPool:
+    if pool is None:
+        return MemPool(_private=True)
+    if isinstance(pool, MemPool):
+        return pool
+    raise OptionsError(
+        "pool", pool,
+        "a cugraphrt.MemPool (from cugraphrt.graph_pool_handle() or Graph.pool()) or None",
+    )
+
+
+_capture_streams = threading.local()
+
+
+def default_capture_stream() -> cupy.cuda.Stream:
+    """This thread's side stream for captures on the current device (created once)."""
+    device = cupy.cuda.runtime.getDevice()
+    streams = getattr(_capture_streams, "by_device", None)
+    if streams is None:
+        streams = _capture_streams.by_device = {}
+    stream = streams.get(device)
+    if stream is None:
+        stream = streams[device] = cupy.cuda.Stream(non_blocking=True)
+    return stream
+
+
+class graph:
+    """Context manager that captures the work of its block into a :class:`Graph`.
+
+    On entry it synchronizes the device, makes a side stream CuPy's current stream (a
+    per-thread default capture stream unless ``stream`` is given) and begins capture. On a
+    normal exit it ends the capture. If the block raises, it ends the capture, discards the
+    graph, releases what the capture allocated, restores the stream and re-raises: an error
+    caused by an operation capture forbids comes out as :class:`CaptureError` chained from
+    the original, anything else unchanged.
+
+    Parameters
+    ----------
+    cuda_graph : Graph
+        The graph to capture into.
+    pool : MemPool, optional
+        Pool to allocate from (see :meth:`Graph.capture_begin`).
+    stream : cupy.cuda.Stream, optional
+        Capture stream; a non-default stream.
+    capture_error_mode : {"global", "thread_local", "relaxed"}
+        See :class:`cugraphrt.options.CaptureOptions`.
+    """
+
+    def __init__(self, cuda_graph: Graph, pool: MemPool | None = None, stream=None,
+                 capture_error_mode: str = "global") -> None:
+        if not isinstance(cuda_graph, Graph):
+            raise OptionsError("cuda_graph", cuda_graph, "a cugraphrt.Graph")
+        validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
+        if stream is not None and not hasattr(stream, "ptr"):
+            raise OptionsError("stream", stream, "a cupy.cuda.Stream or None")
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.capture_error_mode = capture_error_mode
+        self.capture_stream = stream if stream is not None else default_capture_stream()
+
+    def __enter__(self) -> graph:
+        cupy.cuda.runtime.deviceSynchronize()
+        self.capture_stream.__enter__()
+        try:
+            self.cuda_graph.capture_begin(pool=self.pool,
+                                          capture_error_mode=self.capture_error_mode)
+        except BaseException:
+            self.capture_stream.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        try:
+            if exc is None:
+                self.cuda_graph.capture_end()
+                return False
+            self.cuda_graph._abort_capture(exc)
+        finally:
+            self.capture_stream.__exit__(None, None, None)
+        translated = _cuda.capture_error_from(exc)
+        if translated is not None and translated is not exc:
+            raise translated from exc
+        return False

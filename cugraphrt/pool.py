@@ -1,0 +1,441 @@
+"""Graph memory pools: device memory reserved for captured graphs.
+
+A captured graph reads and writes the same addresses on every replay, so the memory a capture
+used must never go to eager code, nor to another graph that may run in between. Each capture
+allocates from a :class:`MemPool`: a private one by default, or one shared with graphs that
+always replay in capture order (``pool=`` on every capture entry point).
+
+Rules, in short:
+
+* Only captures allocate from a pool. Eager code never receives pool memory.
+* A block freed during a capture may be reused later in that capture (on the same stream) or
+  by a later capture into the same pool.
+* A pool gives segments back to the device only when no graph captured into it is alive and
+  every array allocated from it has died. Private pools do this at once; pools made with
+  :func:`graph_pool_handle` keep their cache for the next capture until
+  :func:`empty_cache` (or until the pool itself is dropped).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import weakref
+from collections.abc import Hashable
+
+from ._blocks import BlockArena
+from .backing import (
+    BackingOutOfMemoryError,
+    CudaBackingAllocator,
+    check_backing,
+)
+from .errors import CaptureError, PoolOrderError, PoolOutOfMemoryError, _fmt_bytes
+from .options import PoolStats
+
+__all__ = [
+    "MemPool",
+    "graph_pool_handle",
+    "memory_summary",
+    "empty_cache",
+    "set_pool_checks",
+    "pool_checks_enabled",
+]
+
+_pool_ids = itertools.count(1)
+_all_pools: weakref.WeakSet[MemPool] = weakref.WeakSet()
+
+
+class MemPool:
+    """Device memory with a stable identity, reserved for captured graphs.
+
+    Parameters
+    ----------
+    device : int, optional
+        Device to allocate on; defaults to the current CuPy device (or to the backing
+        allocator's device when ``backing`` is given).
+    backing : BackingAllocator, optional
+        Where segments come from; defaults to :class:`cugraphrt.backing.CudaBackingAllocator`.
+
+    Notes
+    -----
+    Create shared pools with :func:`graph_pool_handle` and pass them as ``pool=`` to several
+    captures; ``Graph.pool()`` returns the pool a capture used. Graphs sharing a pool must
+    replay in the order they were captured (see docs/memory.md); enable
+    :func:`set_pool_checks` to have that verified.
+    """
+
+    def __init__(self, device: int | None = None, *, backing=None, _private: bool = False):
+        if backing is None:
+            if device is None:
+                from cupy_backends.cuda.api import runtime
+
+                device = runtime.getDevice()
+            backing = CudaBackingAllocator(device)
+        else:
+            check_backing(backing)
+        self._id = next(_pool_ids)
+        self._device_id = int(backing.device_id)
+        self._arena = BlockArena(backing)
+        self._lock = threading.Lock()
+        self._pending_frees: list = []
+        self._private = _private
+        self._live_graphs = 0
+        self._capture_token: Hashable | None = None
+        self._baseline: tuple[int, int] | None = None
+        self._order = _ReplayOrder()
+        _all_pools.add(self)
+        # Segments go back when the pool object dies; the finalizer holds only the arena.
+        weakref.finalize(self, _release_all, self._arena)
+
+    # -- public ----------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        """The pool's identity: unique within the process, stable for the pool's life."""
+        return self._id
+
+    @property
+    def device_id(self) -> int:
+        """The device the pool's memory lives on."""
+        return self._device_id
+
+    def stats(self) -> PoolStats:
+        """A snapshot of the pool's accounts.
+
+        Returns
+        -------
+        PoolStats
+            reserved_bytes, active_bytes, peak_active_bytes, segments, live_graphs,
+            live_arrays.
+        """
+        with self._lock:
+            self._drain_pending()
+            arena = self._arena
+            return PoolStats(
+                pool_id=self._id,
+                device_id=self._device_id,
+                reserved_bytes=arena.reserved_bytes,
+                active_bytes=arena.active_bytes,
+                peak_active_bytes=arena.peak_active_bytes,
+                segments=len(arena.segments),
+                live_graphs=self._live_graphs,
+                live_arrays=arena.active_blocks,
+            )
+
+    def empty_cache(self) -> int:
+        """Give fully free segments back to the device if no graph or capture holds the pool.
+
+        Returns
+        -------
+        int
+            Bytes given back (0 while a graph captured into the pool is alive).
+        """
+        with self._lock:
+            self._drain_pending()
+            if self._live_graphs or self._capture_token is not None:
+                return 0
+            return self._arena.release_free_segments()
+
+    def __repr__(self) -> str:
+        s = self.stats()
+        kind = "private" if self._private else "shared"
+        return (
+            f"<cugraphrt.MemPool id={self._id} device={self._device_id} {kind} "
+            f"reserved={_fmt_bytes(s.reserved_bytes)} active={_fmt_bytes(s.active_bytes)} "
+            f"graphs={s.live_graphs} arrays={s.live_arrays}>"
+        )
+
+    # -- used by captures ------------------------------------------------------------------
+
+    def _begin_capture(self, token: Hashable) -> None:
+        with self._lock:
+            if self._capture_token is not None:
+                raise CaptureError(
+                    f"memory pool {self._id} is already used by a capture that is underway "
+                    f"(got a second, concurrent capture into it); pools can be shared by "
+                    f"graphs captured one after another, not at the same time: give the "
+                    f"concurrent capture its own pool"
+                )
+            self._drain_pending()
+            self._capture_token = token
+            self._baseline = (self._arena.peak_active_bytes, self._live_graphs)
+
+    def _allocate(self, nbytes: int, stream_ptr: int, token: Hashable):
+        """Allocate a block for a capture; returns a CuPy MemoryPointer."""
+        with self._lock:
+            self._drain_pending()
+            try:
+                block = self._arena.allocate(nbytes, stream_ptr, token)
+            except BackingOutOfMemoryError:
+                free, total = self._arena.backing.mem_info()
+                raise PoolOutOfMemoryError(
+                    nbytes, self._arena.reserved_bytes, free, total
+                ) from None
+        return _make_pointer(self, block)
+
+    def _end_capture(self, token: Hashable, succeeded: bool) -> None:
+        with self._lock:
+            if self._capture_token != token:
+                return
+            self._drain_pending()
+            arena = self._arena
+            if succeeded:
+                arena.forget_owner(token)
+                arena.settle()
+            else:
+                peak, _ = self._baseline
+                arena.mark_owned_segments(token)
+                arena.settle()
+                arena.release_free_segments(only_marked=True)
+                arena.peak_active_bytes = max(peak, arena.active_bytes)
+            self._capture_token = None
+            self._baseline = None
+            if not succeeded:
+                self._release_if_idle()
+
+    def _add_graph(self) -> int:
+        """A capture into this pool succeeded; returns the graph's place in capture order."""
+        with self._lock:
+            self._live_graphs += 1
+            return self._order.add()
+
+    def _remove_graph(self, seq: int) -> None:
+        with self._lock:
+            self._live_graphs -= 1
+            self._order.remove(seq)
+            self._drain_pending()
+            self._release_if_idle()
+
+    def _release_block(self, block) -> None:
+        """Called when the last array on a block dies; never raises (runs in finalizers)."""
+        tag = None
+        if self._capture_token is not None:
+            # Freed while a capture into this pool is underway: only later work on the same
+            # stream is ordered after the block's last use, so only that stream may reuse it.
+            tag = _current_stream_ptr()
+        self._pending_frees.append((block, tag))
+        if not self._lock.acquire(blocking=False):
+            # Another thread holds the lock, or a garbage collection ran inside one of this
+            # pool's own operations: the lock holder takes the block back.
+            return
+        try:
+            self._drain_pending()
+            self._release_if_idle()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+        finally:
+            self._lock.release()
+
+    def _drain_pending(self) -> None:
+        pending = self._pending_frees
+        while pending:
+            block, tag = pending.pop()
+            self._arena.free(block, tag)
+
+    def _release_if_idle(self) -> None:
+        arena = self._arena
+        if self._capture_token is not None:
+            return
+        if self._live_graphs == 0 and self._private:
+            arena.release_free_segments()
+        else:
+            arena.release_free_segments(only_marked=True)
+
+    # -- replay-order checks ---------------------------------------------------------------
+
+    def _check_replay(self, seq: int, stream_ptr: int) -> None:
+        with self._lock:
+            self._order.check(self._id, seq, stream_ptr)
+
+    def _note_replay(self, seq: int, stream_ptr: int) -> None:
+        with self._lock:
+            self._order.note(seq, stream_ptr)
+
+
+def _current_stream_ptr() -> int:
+    try:
+        from cupy.cuda import get_current_stream
+
+        return get_current_stream().ptr
+    except Exception:  # noqa: BLE001 - no device context in this thread: tag conservatively
+        return -1
+
+
+def _make_pointer(pool: MemPool, block):
+    from cupy.cuda import memory
+
+    lease = _Lease(pool, block)
+    mem = memory.UnownedMemory(block.ptr, block.size, lease, pool._device_id)
+    return memory.MemoryPointer(mem, 0)
+
+
+class _Lease:
+    """Keeps one block handed out while an array (or any of its views) is alive."""
+
+    __slots__ = ("pool", "block")
+
+    def __init__(self, pool: MemPool, block) -> None:
+        self.pool = pool
+        self.block = block
+
+    def __del__(self) -> None:
+        pool = self.pool
+        if pool is not None:
+            pool._release_block(self.block)
+
+
+def _release_all(arena: BlockArena) -> None:
+    try:
+        arena.settle()
+        arena.release_free_segments()
+    except Exception:  # noqa: BLE001 - finalizer: the process must stay usable
+        pass
+
+
+class _ReplayOrder:
+    """Replay-order and concurrency bookkeeping of the graphs sharing one pool.
+
+    Allowed transitions between replays: the same graph again, the next graph in capture
+    order, or the first graph (a new round). A replay on another stream while the previous
+    replay of the pool has not finished is a concurrent replay.
+    """
+
+    def __init__(self) -> None:
+        self._seqs = itertools.count()
+        self.live: list[int] = []
+        self.last: int | None = None
+        self.last_stream: int | None = None
+        self.event = None
+
+    def add(self) -> int:
+        seq = next(self._seqs)
+        self.live.append(seq)
+        return seq
+
+    def remove(self, seq: int) -> None:
+        if seq in self.live:
+            self.live.remove(seq)
+        if self.last == seq:
+            self.last = None
+
+    def check(self, pool_id: int, seq: int, stream_ptr: int) -> None:
+        if len(self.live) < 2 or self.last is None:
+            return
+        position = self.live.index(seq)
+        last_position = self.live.index(self.last)
+        if position not in (last_position, last_position + 1, 0):
+            raise PoolOrderError(
+                f"graph #{position + 1} of the {len(self.live)} graphs sharing memory pool "
+                f"{pool_id} was replayed right after graph #{last_position + 1} (got an "
+                f"out-of-order replay); graphs sharing a pool must replay in the order they "
+                f"were captured (each graph may repeat, and a round may restart at graph #1), "
+                f"or they overwrite each other's memory: replay in capture order, or give "
+                f"each graph its own pool"
+            )
+        if stream_ptr != self.last_stream and self.event is not None:
+            from cupy_backends.cuda.api import runtime
+
+            if runtime.eventQuery(self.event.ptr) != 0:
+                raise PoolOrderError(
+                    f"graph #{position + 1} sharing memory pool {pool_id} was replayed on "
+                    f"stream 0x{stream_ptr:x} while the previous replay of the pool, on "
+                    f"stream 0x{self.last_stream:x}, has not finished (got a concurrent "
+                    f"replay); graphs sharing a pool must not run at the same time: replay "
+                    f"them on one stream, synchronize in between, or give each its own pool"
+                )
+
+    def note(self, seq: int, stream_ptr: int) -> None:
+        from cupy.cuda import Event
+        from cupy_backends.cuda.api import runtime
+
+        if self.event is None:
+            self.event = Event(disable_timing=True)
+        runtime.eventRecord(self.event.ptr, stream_ptr)
+        self.last = seq
+        self.last_stream = stream_ptr
+
+
+# -- module-level functions ----------------------------------------------------------------
+
+
+def graph_pool_handle(device: int | None = None) -> MemPool:
+    """A new memory pool for sharing between graphs.
+
+    Parameters
+    ----------
+    device : int, optional
+        Defaults to the current device.
+
+    Returns
+    -------
+    MemPool
+        Pass it as ``pool=`` to several captures whose graphs always replay in the order
+        they were captured; they then reserve about the memory of the largest one.
+    """
+    return MemPool(device)
+
+
+def memory_summary() -> str:
+    """A table of every live graph memory pool, one row per pool.
+
+    Returns
+    -------
+    str
+        The table (also suitable for printing).
+    """
+    header = ("pool", "device", "kind", "reserved", "active", "peak", "segments", "graphs",
+              "arrays")
+    rows = [header]
+    for pool in sorted(list(_all_pools), key=lambda p: p.id):
+        s = pool.stats()
+        rows.append((
+            str(s.pool_id), str(s.device_id), "private" if pool._private else "shared",
+            _fmt_bytes(s.reserved_bytes), _fmt_bytes(s.active_bytes),
+            _fmt_bytes(s.peak_active_bytes), str(s.segments), str(s.live_graphs),
+            str(s.live_arrays),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    if len(rows) == 1:
+        lines.append("(no graph memory pools)")
+    return "\n".join(lines)
+
+
+def empty_cache() -> int:
+    """Free the cached segments of every pool that no graph or capture holds.
+
+    Returns
+    -------
+    int
+        Bytes given back to the device.
+    """
+    return sum(pool.empty_cache() for pool in list(_all_pools))
+
+
+_checks_enabled = os.environ.get("CUGRAPHRT_POOL_CHECKS", "").strip().lower() in (
+    "1", "true", "yes", "on",
+)
+
+
+def set_pool_checks(enabled: bool) -> None:
+    """Turn the replay-order safety mode on or off.
+
+    While on, replaying a graph that shares its pool with other live graphs verifies that
+    replays follow capture order and do not overlap on different streams, raising
+    :class:`cugraphrt.PoolOrderError` instead of letting them corrupt each other. Costs about
+    one event record and a few dictionary operations (a few microseconds) per replay of a
+    pool-sharing graph; graphs with a pool of their own pay one flag test. Also enabled by
+    the environment variable ``CUGRAPHRT_POOL_CHECKS=1``.
+
+    Parameters
+    ----------
+    enabled : bool
+    """
+    global _checks_enabled
+    _checks_enabled = bool(enabled)
+
+
+def pool_checks_enabled() -> bool:
+    """Whether the replay-order safety mode is on."""
+    return _checks_enabled

@@ -1,0 +1,47 @@
+"""Shared fixtures of the GPU tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+@pytest.fixture
+def rng():
+    """A NumPy generator with a fresh seed per test (printed on failure via the seed)."""
+    seed = int(np.random.SeedSequence().entropy % (2**32))
+    generator = np.random.default_rng(seed)
+    generator.seed_value = seed
+    return generator
+
+
+@pytest.fixture
+def randn(rng):
+    """Fresh normal random CuPy arrays: randn(shape, dtype=float32)."""
+    import cupy
+
+    def make(shape, dtype=np.float32):
+        data = rng.standard_normal(shape)
+        if np.dtype(dtype).kind == "c":
+            data = data + 1j * rng.standard_normal(shape)
+        return cupy.asarray(data.astype(dtype))
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _clean_state():
+    """Each test starts and ends with no capture underway and pool checks off."""
+    import cupy
+
+    import cugraphrt
+    from cugraphrt import _capture
+
+    cugraphrt.set_pool_checks(False)
+    yield
+    leaked = list(_capture._tls.captures)
+    for capture in leaked:
+        _capture.abort(capture)
+    cugraphrt.set_pool_checks(False)
+    cupy.cuda.runtime.deviceSynchronize()
+    assert not leaked, "a test left a capture underway"

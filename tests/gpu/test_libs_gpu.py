@@ -1,0 +1,183 @@
+"""CUDA libraries inside captures: cuBLAS GEMMs, cuFFT, reductions, and clear refusals."""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+import pytest
+
+import cugraphrt
+from cugraphrt import CaptureError, Graph, graph
+
+pytestmark = pytest.mark.gpu
+
+TOLERANCE = {np.float16: 2e-2, np.float32: 1e-4, np.float64: 1e-10, np.complex64: 1e-4}
+
+MATMULS = {
+    "matmul_operator": lambda a, b: a @ b,
+    "cupy.matmul": lambda a, b: cupy.matmul(a, b),
+    "cupy.dot": lambda a, b: cupy.dot(a, b),
+    "tensordot": lambda a, b: cupy.tensordot(a, b, axes=1),
+    "einsum": lambda a, b: cupy.einsum("ij,jk->ik", a, b),
+    "matvec": lambda a, b: a @ b[:, 0],
+    "transposed": lambda a, b: a.T.copy().T @ b,
+}
+
+
+@pytest.mark.parametrize("dtype", list(TOLERANCE))
+@pytest.mark.parametrize("name", list(MATMULS))
+def test_matmul_family_replays_like_eager(name, dtype, randn):
+    fn = MATMULS[name]
+    a, b = randn((64, 48), dtype), randn((48, 32), dtype)
+    fn(a, b)  # warm-up: CuPy's cuBLAS handle exists before the capture
+    g = Graph()
+    with graph(g):
+        out = fn(a, b)
+    for _ in range(3):
+        na, nb = randn((64, 48), dtype), randn((48, 32), dtype)
+        a[...] = na
+        b[...] = nb
+        g.replay()
+        expected = fn(na, nb)
+        ref = cupy.asnumpy(expected).astype(np.complex128)
+        err = np.linalg.norm(cupy.asnumpy(out).astype(np.complex128) - ref)
+        assert err <= TOLERANCE[dtype] * max(np.linalg.norm(ref), 1.0), (name, err)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex64])
+def test_batched_matmul_replays_like_eager(dtype, randn):
+    a, b = randn((8, 16, 24), dtype), randn((8, 24, 12), dtype)
+    a @ b
+    g = Graph()
+    with graph(g):
+        out = cupy.matmul(a, b)
+        broadcast = a @ b[0]
+    na, nb = randn((8, 16, 24), dtype), randn((8, 24, 12), dtype)
+    a[...] = na
+    b[...] = nb
+    g.replay()
+    tol = TOLERANCE[dtype]
+    cupy.testing.assert_allclose(out, na @ nb, rtol=tol * 10, atol=tol * 10)
+    cupy.testing.assert_allclose(broadcast, na @ nb[0], rtol=tol * 10, atol=tol * 10)
+
+
+def test_matmul_against_float64_numpy(randn):
+    a, b = randn((128, 64)), randn((64, 96))
+    a @ b
+    g = Graph()
+    with graph(g):
+        out = a @ b
+    g.replay()
+    ref = cupy.asnumpy(a).astype(np.float64) @ cupy.asnumpy(b).astype(np.float64)
+    rel = np.linalg.norm(cupy.asnumpy(out) - ref) / np.linalg.norm(ref)
+    assert rel < 1e-3  # float32, or TF32 where CuPy enables it
+
+
+def test_each_graph_owns_its_workspace(randn):
+    a, b = randn((256, 256)), randn((256, 256))
+    a @ b
+    g1, g2 = Graph(), Graph()
+    with graph(g1):
+        y1 = a @ b
+    with graph(g2):
+        y2 = (a @ b) * 2
+    g1.reset()
+    del y1
+    cugraphrt.empty_cache()
+    junk = [cupy.ones((1 << 22,), dtype=cupy.float32) for _ in range(8)]  # reuse freed memory
+    for _ in range(3):
+        na = randn((256, 256))
+        a[...] = na
+        g2.replay()
+        cupy.testing.assert_allclose(y2, (na @ b) * 2, rtol=1e-3, atol=1e-3)
+    eager = a @ b  # CuPy's own handle was never touched
+    cupy.testing.assert_allclose(eager, cupy.asnumpy(a) @ cupy.asnumpy(b), rtol=1e-3,
+                                 atol=1e-3)
+    assert all(bool((j == 1).all()) for j in junk)
+
+
+def test_other_cublas_routines_are_refused_by_name(randn):
+    x, y = randn((64,)), randn((64,))
+    cupy.cublas.axpy(2.0, x, y)  # warm-up: handle exists, module loaded
+    with pytest.raises(CaptureError, match=r"cuBLAS call cublas\.saxpy"):
+        with graph(Graph()):
+            cupy.cublas.axpy(2.0, x, y)
+
+
+def test_cupy_random_in_capture_names_the_replacement(randn):
+    cupy.random.rand(4)  # warm-up: the legacy generator exists
+    with pytest.raises(CaptureError, match="cugraphrt.random"):
+        with graph(Graph()):
+            cupy.random.rand(16)
+    with pytest.raises(CaptureError, match="cugraphrt.random"):
+        with graph(Graph()):
+            cupy.random.RandomState(1)
+    with graph(g := Graph()):  # the stream still captures fine
+        z = randn((4,)) * 0 + 1
+    g.replay()
+    del z
+
+
+def test_cupy_random_outside_capture_still_works():
+    rs = cupy.random.RandomState(5)
+    a = rs.rand(10)
+    b = cupy.random.RandomState(5).rand(10)
+    cupy.testing.assert_array_equal(a, b)
+
+
+def test_fft_captures_after_warm_up(randn):
+    x = randn((4096,), np.complex64)
+    cupy.fft.fft(x)  # warm-up caches the plan
+    g = Graph()
+    with graph(g):
+        y = cupy.fft.fft(x) * 2
+    fresh = randn((4096,), np.complex64)
+    x[...] = fresh
+    g.replay()
+    cupy.testing.assert_allclose(y, cupy.fft.fft(fresh) * 2, rtol=1e-4, atol=1e-3)
+
+
+def test_fft_plan_creation_during_capture_is_refused(randn):
+    x = randn((4096,), np.complex64)
+    cupy.fft.fft(x)
+    odd = randn((3001,), np.complex64)  # no plan cached for this size
+    with pytest.raises(CaptureError, match="cuFFT plan"):
+        with graph(Graph()):
+            cupy.fft.fft(odd)
+    cupy.fft.fft(odd)  # eager FFTs still plan as usual
+
+
+def test_reductions_capture(randn):
+    x = randn((1000, 37))
+    g = Graph()
+    with graph(g):
+        total = x.sum()
+        rows = x.max(axis=1)
+        mean = x.mean(axis=0)
+    fresh = randn((1000, 37))
+    x[...] = fresh
+    g.replay()
+    cupy.testing.assert_allclose(total, fresh.sum(), rtol=1e-4)
+    cupy.testing.assert_allclose(rows, fresh.max(axis=1))
+    cupy.testing.assert_allclose(mean, fresh.mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_cusolver_in_capture_is_a_capture_error(randn):
+    a = randn((32, 32), np.float64)
+    spd = a @ a.T + 32 * cupy.eye(32)
+    cupy.linalg.cholesky(spd)  # warm-up
+    with pytest.raises(CaptureError, match="cuSOLVER"):
+        with graph(Graph()):
+            cupy.linalg.cholesky(spd)
+
+
+def test_cusparse_in_capture_is_a_capture_error(randn):
+    import cupyx.scipy.sparse as sparse
+
+    dense = randn((64, 64))
+    dense[cupy.abs(dense) < 1.0] = 0
+    matrix = sparse.csr_matrix(dense)
+    matrix @ matrix  # warm-up: cuSPARSE handle and module
+    with pytest.raises(CaptureError, match="cuSPARSE|synchroniz"):
+        with graph(Graph()):
+            matrix @ matrix

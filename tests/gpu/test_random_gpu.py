@@ -1,0 +1,168 @@
+"""Graph-safe random numbers: fresh on every replay, bitwise equal to eager sequences."""
+
+from __future__ import annotations
+
+import cupy
+import numpy as np
+import pytest
+
+import cugraphrt
+import cugraphrt.random as crandom
+from cugraphrt import CaptureError, Graph, OptionsError, graph
+from cugraphrt._philox import reference_randint, reference_uniform
+
+pytestmark = pytest.mark.gpu
+
+DRAWS = {
+    "rand": lambda g, dt: g.rand(1001, dtype=dt),
+    "randn": lambda g, dt: g.randn(999, dtype=dt),
+    "normal": lambda g, dt: g.normal(2.0, 3.0, size=(33, 7), dtype=dt),
+    "uniform": lambda g, dt: g.uniform(-1.0, 5.0, size=513, dtype=dt),
+}
+FLOATS = [np.float16, np.float32, np.float64]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("name", list(DRAWS))
+def test_replays_equal_eager_sequence_bitwise(name, dtype, rng):
+    seed = int(rng.integers(0, 2**63))
+    draw = DRAWS[name]
+    gen = crandom.Generator(seed)
+    g = Graph()
+    with graph(g):
+        out = draw(gen, dtype)
+    assert gen.get_state().offset == 0  # capture records, it does not draw
+    replayed = []
+    for _ in range(4):
+        g.replay()
+        replayed.append(cupy.asnumpy(out))
+    gen.manual_seed(seed)
+    eager = [cupy.asnumpy(draw(gen, dtype)) for _ in range(4)]
+    for r, e in zip(replayed, eager):
+        assert r.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(r.view(np.uint8), e.view(np.uint8))
+    assert len({r.tobytes() for r in replayed}) == 4, "replays repeated their numbers"
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_uniform_matches_the_numpy_reference_bitwise(dtype, rng):
+    seed = int(rng.integers(0, 2**64, dtype=np.uint64))
+    gen = crandom.Generator(seed)
+    first = cupy.asnumpy(gen.rand(1003, dtype=dtype))
+    second = cupy.asnumpy(gen.rand(10, dtype=dtype))
+    per = 2 if np.dtype(dtype) == np.float64 else 4
+    np.testing.assert_array_equal(first, reference_uniform(seed, 0, 1003, dtype))
+    position = -(-1003 // per)
+    np.testing.assert_array_equal(second, reference_uniform(seed, position, 10, dtype))
+    assert gen.get_state().offset == position + -(-10 // per)
+
+
+@pytest.mark.parametrize("low,high", [(-5, 7), (0, 2**31 - 1), (-(2**40), 2**41)])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_randint_matches_reference(low, high, dtype, rng):
+    if np.dtype(dtype) == np.int32 and high > 2**31:
+        pytest.skip("range does not fit int32")
+    seed = int(rng.integers(0, 2**63))
+    gen = crandom.Generator(seed)
+    got = cupy.asnumpy(gen.randint(low, high, size=777, dtype=dtype))
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got.astype(np.int64), reference_randint(seed, 0, 777, low, high))
+    assert got.min() >= low and got.max() < high
+
+
+def test_normal_statistics_and_bernoulli_rate(rng):
+    gen = crandom.Generator(int(rng.integers(0, 2**63)))
+    z = cupy.asnumpy(gen.randn(1 << 20, dtype=np.float64))
+    assert abs(z.mean()) < 5e-3 and abs(z.std() - 1) < 5e-3
+    b = cupy.asnumpy(gen.bernoulli(0.3, size=1 << 20))
+    assert set(np.unique(b)) <= {0.0, 1.0} and abs(b.mean() - 0.3) < 3e-3
+    reference = np.asarray(reference_uniform(gen.initial_seed(), 0, 16, np.float32))
+    assert reference.min() >= 0 and reference.max() < 1
+
+
+def test_different_seeds_differ():
+    a = cupy.asnumpy(crandom.Generator(1).rand(100))
+    b = cupy.asnumpy(crandom.Generator(2).rand(100))
+    assert not np.array_equal(a, b)
+
+
+def test_two_graphs_sharing_a_generator_advance_in_replay_order(rng):
+    seed = int(rng.integers(0, 2**63))
+    gen = crandom.Generator(seed)
+    g1, g2 = Graph(), Graph()
+    with graph(g1):
+        a = gen.rand(100, dtype=np.float32)
+    with graph(g2):
+        b = gen.randn(60, dtype=np.float32)
+    got = []
+    for g, out in ((g1, a), (g2, b), (g2, b), (g1, a)):
+        g.replay()
+        got.append(cupy.asnumpy(out))
+    gen.manual_seed(seed)
+    expected = [gen.rand(100, dtype=np.float32), gen.randn(60, dtype=np.float32),
+                gen.randn(60, dtype=np.float32), gen.rand(100, dtype=np.float32)]
+    for x, y in zip(got, expected):
+        np.testing.assert_array_equal(x, cupy.asnumpy(y))
+
+
+def test_hundred_replays_draw_hundred_distinct_samples():
+    crandom.manual_seed(123)
+    g = Graph()
+    with graph(g):
+        x = crandom.rand(64, dtype=np.float32)
+    samples = set()
+    for _ in range(100):
+        g.replay()
+        samples.add(cupy.asnumpy(x).tobytes())
+    assert len(samples) == 100
+
+
+def test_module_functions_use_the_default_generator(rng):
+    seed = int(rng.integers(0, 2**63))
+    crandom.manual_seed(seed)
+    first = cupy.asnumpy(crandom.uniform(0, 1, size=10))
+    state = crandom.get_state()
+    second = cupy.asnumpy(crandom.normal(size=10))
+    crandom.set_state(state)
+    np.testing.assert_array_equal(cupy.asnumpy(crandom.normal(size=10)), second)
+    crandom.manual_seed(seed)
+    np.testing.assert_array_equal(cupy.asnumpy(crandom.uniform(0, 1, size=10)), first)
+    assert 0 <= crandom.seed() < 2**64
+    ints = cupy.asnumpy(crandom.randint(3, size=1000))
+    assert set(np.unique(ints)) == {0, 1, 2}
+
+
+def test_state_changes_are_refused_during_capture():
+    gen = crandom.Generator(7)
+    for action in (lambda: gen.manual_seed(1), gen.get_state, lambda: crandom.Generator(3)):
+        with pytest.raises(CaptureError, match="during capture"):
+            with graph(Graph()):
+                action()
+
+
+def test_bad_arguments_name_the_option():
+    gen = crandom.Generator(7)
+    with pytest.raises(OptionsError, match="dtype"):
+        gen.rand(3, dtype=np.int32)
+    with pytest.raises(OptionsError, match="seed"):
+        gen.manual_seed(-1)
+    with pytest.raises(OptionsError, match="high"):
+        gen.randint(5, 5)
+    with pytest.raises(OptionsError, match="p"):
+        gen.bernoulli(1.5, size=3)
+
+
+def test_dropout_mask_in_a_captured_mlp_changes_every_replay(randn):
+    w = randn((64, 64))
+    x = randn((32, 64))
+    x @ w
+    gen = crandom.Generator(11)
+    g = Graph()
+    with graph(g):
+        h = cupy.maximum(x @ w, 0)
+        y = h * gen.bernoulli(0.5, size=h.shape) * 2.0
+    masks = set()
+    for _ in range(5):
+        g.replay()
+        masks.add(cupy.asnumpy(y != 0).tobytes())
+    assert len(masks) == 5

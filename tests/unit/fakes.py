@@ -1,0 +1,41 @@
+"""A fake backing allocator: hands out addresses from a counter, checks every free."""
+
+from __future__ import annotations
+
+from cugraphrt.backing import BACKING_INTERFACE_VERSION, BackingOutOfMemoryError
+
+
+class FakeBackingAllocator:
+    """Version-1 backing allocator over an imaginary device of ``capacity`` bytes."""
+
+    interface_version = BACKING_INTERFACE_VERSION
+
+    def __init__(self, capacity: int = 1 << 30, device_id: int = 0) -> None:
+        self.capacity = capacity
+        self.device_id = device_id
+        self.live: dict[int, int] = {}
+        self.next_ptr = 1 << 40
+        self.mallocs = 0
+        self.frees = 0
+
+    @property
+    def used(self) -> int:
+        return sum(self.live.values())
+
+    def malloc(self, nbytes: int) -> int:
+        if self.used + nbytes > self.capacity:
+            raise BackingOutOfMemoryError(nbytes)
+        ptr = self.next_ptr
+        # Leave a gap so that segments are never adjacent: blocks must not merge across them.
+        self.next_ptr += nbytes + (1 << 20)
+        self.live[ptr] = nbytes
+        self.mallocs += 1
+        return ptr
+
+    def free(self, ptr: int, nbytes: int) -> None:
+        assert self.live.get(ptr) == nbytes, f"free of unknown segment 0x{ptr:x}/{nbytes}"
+        del self.live[ptr]
+        self.frees += 1
+
+    def mem_info(self) -> tuple[int, int]:
+        return self.capacity - self.used, self.capacity

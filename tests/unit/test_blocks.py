@@ -1,0 +1,163 @@
+"""BlockArena bookkeeping against a fake backing allocator."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cugraphrt._blocks import (
+    ALIGNMENT,
+    SMALL_SEGMENT_BYTES,
+    BlockArena,
+    round_up,
+    segment_size_for,
+)
+from cugraphrt.backing import BackingOutOfMemoryError
+
+from .fakes import FakeBackingAllocator
+
+
+def test_segment_sizes():
+    assert segment_size_for(1) == SMALL_SEGMENT_BYTES
+    assert segment_size_for(1 << 20) == SMALL_SEGMENT_BYTES
+    assert segment_size_for((1 << 20) + 1) == 2 << 20
+    assert segment_size_for(5 << 20) == 6 << 20
+    assert round_up(1, 512) == 512 and round_up(1024, 512) == 1024
+
+
+def test_small_allocations_share_a_segment_and_are_aligned():
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    blocks = [arena.allocate(n) for n in (1, 100, 513, 4096)]
+    assert backing.mallocs == 1
+    assert [b.size for b in blocks] == [512, 512, 1024, 4096]
+    assert all(b.ptr % ALIGNMENT == 0 for b in blocks)
+    ends = sorted((b.ptr, b.ptr + b.size) for b in blocks)
+    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(ends, ends[1:])), "blocks overlap"
+    assert arena.active_bytes == 512 + 512 + 1024 + 4096
+    assert arena.reserved_bytes == SMALL_SEGMENT_BYTES
+    arena.check_invariants()
+
+
+def test_free_coalesces_and_segment_goes_back():
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    a, b, c = arena.allocate(1000), arena.allocate(2000), arena.allocate(3000)
+    for block in (b, a, c):
+        arena.free(block)
+        arena.check_invariants()
+    segment = next(iter(arena.segments.values()))
+    assert segment.head.is_free and segment.head.size == segment.size
+    assert arena.release_free_segments() == SMALL_SEGMENT_BYTES
+    assert backing.live == {} and arena.reserved_bytes == 0
+    arena.check_invariants()
+
+
+def test_best_fit_reuses_the_smallest_block_that_fits():
+    arena = BlockArena(FakeBackingAllocator())
+    keep = [arena.allocate(512)]
+    small = arena.allocate(1024)
+    keep.append(arena.allocate(512))
+    big = arena.allocate(8192)
+    keep.append(arena.allocate(512))
+    arena.free(small)
+    arena.free(big)
+    again = arena.allocate(1000)
+    assert again.ptr == small.ptr
+    arena.check_invariants()
+
+
+def test_tagged_blocks_are_reused_only_on_their_stream_until_settled():
+    arena = BlockArena(FakeBackingAllocator())
+    pin = arena.allocate(512, tag=1)
+    block = arena.allocate(4096, tag=1)
+    ptr = block.ptr
+    arena.free(block, tag=1)
+    other = arena.allocate(4096, tag=2)
+    assert other.ptr != ptr, "a block freed on stream 1 went to stream 2"
+    same = arena.allocate(4096, tag=1)
+    assert same.ptr == ptr
+    arena.free(same, tag=1)
+    arena.settle()
+    anyone = arena.allocate(4096, tag=2)
+    assert anyone.ptr == ptr
+    for b in (pin, other, anyone):
+        arena.free(b)
+    arena.check_invariants()
+
+
+def test_double_free_is_refused():
+    arena = BlockArena(FakeBackingAllocator())
+    block = arena.allocate(100)
+    arena.free(block)
+    with pytest.raises(ValueError, match="double free"):
+        arena.free(block)
+
+
+def test_out_of_memory_leaves_arena_untouched():
+    backing = FakeBackingAllocator(capacity=4 << 20)
+    arena = BlockArena(backing)
+    kept = arena.allocate(3 << 20)
+    before = (arena.reserved_bytes, arena.active_bytes, len(arena.segments))
+    with pytest.raises(BackingOutOfMemoryError):
+        arena.allocate(3 << 20)
+    assert (arena.reserved_bytes, arena.active_bytes, len(arena.segments)) == before
+    arena.free(kept)
+    arena.check_invariants()
+
+
+def test_marked_segments_are_released_selectively():
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    old = arena.allocate(3 << 20, owner="before")
+    new = arena.allocate(5 << 20, owner="failed")
+    arena.free(old)
+    arena.free(new)
+    arena.forget_owner("before")
+    arena.mark_owned_segments("failed")
+    assert arena.release_free_segments(only_marked=True) == 6 << 20
+    assert arena.reserved_bytes == 4 << 20
+    arena.check_invariants()
+
+
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("alloc"), st.integers(1, 3 << 20), st.sampled_from([None, 1, 2])),
+        st.tuples(st.just("free"), st.integers(0, 50), st.sampled_from([None, 1, 2])),
+        st.tuples(st.just("settle"), st.just(0), st.just(None)),
+        st.tuples(st.just("release"), st.just(0), st.just(None)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_invariants_hold_after_any_sequence(sequence):
+    backing = FakeBackingAllocator(capacity=64 << 20)
+    arena = BlockArena(backing)
+    live = []
+    peak = 0
+    for op, arg, tag in sequence:
+        if op == "alloc":
+            try:
+                live.append(arena.allocate(arg, tag=tag))
+            except BackingOutOfMemoryError:
+                pass
+        elif op == "free" and live:
+            arena.free(live.pop(arg % len(live)), tag=tag)
+        elif op == "settle":
+            arena.settle()
+        elif op == "release":
+            arena.release_free_segments()
+        arena.check_invariants()
+        # No two live blocks overlap, and every live block lies inside a live segment.
+        spans = sorted((b.ptr, b.ptr + b.size) for b in live)
+        assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+        for block in live:
+            assert backing.live.get(block.segment.ptr) == block.segment.size
+        peak = max(peak, arena.active_bytes)
+        assert arena.peak_active_bytes == peak
+        assert arena.active_bytes == sum(b.size for b in live)
+        assert arena.reserved_bytes == backing.used
