@@ -5,6 +5,11 @@ A :class:`BlockArena` carves blocks out of segments obtained from a backing allo
 keeps the free ones in size-sorted lists and counts bytes. It knows nothing about graphs; the
 pool decides when segments may go back.
 
+Small and large. Requests up to 1 MiB are carved only from 2 MiB "small" segments, larger ones
+only from "large" segments (as in PyTorch's caching allocator): otherwise small outputs that
+stay alive get carved out of a large freed temporary, and the next graph sharing the pool
+cannot reuse that temporary's room.
+
 Stream tags. During a capture, a block freed on stream ``s`` may only be reused by later
 allocations on ``s`` in the same capture: the captured graph orders work on one stream, but
 not across streams. Each free block carries the stream it was freed on (its *tag*); untagged
@@ -44,11 +49,12 @@ def segment_size_for(nbytes: int) -> int:
 class Segment:
     """One allocation from the backing allocator."""
 
-    __slots__ = ("ptr", "size", "owner", "release_when_free", "head")
+    __slots__ = ("ptr", "size", "small", "owner", "release_when_free", "head")
 
-    def __init__(self, ptr: int, size: int, owner: Hashable | None) -> None:
+    def __init__(self, ptr: int, size: int, small: bool, owner: Hashable | None) -> None:
         self.ptr = ptr
         self.size = size
+        self.small = small  # serves requests up to SMALL_REQUEST_BYTES only
         self.owner = owner  # token of the capture that made the pool grow
         self.release_when_free = False
         self.head: Block | None = None
@@ -86,8 +92,8 @@ class BlockArena:
     def __init__(self, backing) -> None:
         self.backing = backing
         self.segments: dict[int, Segment] = {}
-        # tag -> sorted list of (size, ptr); ptr -> free Block
-        self._free_lists: dict[Hashable | None, list[tuple[int, int]]] = {}
+        # (tag, small) -> sorted list of (size, ptr); ptr -> free Block
+        self._free_lists: dict[tuple[Hashable | None, bool], list[tuple[int, int]]] = {}
         self._free_blocks: dict[int, Block] = {}
         self.reserved_bytes = 0
         self.active_bytes = 0
@@ -103,12 +109,11 @@ class BlockArena:
         Grows the arena by one segment when no free block fits; the backing allocator's
         out-of-memory error propagates unchanged, with the arena untouched.
         """
-        size = round_up(max(nbytes, 1), ALIGNMENT)
-        block = self._best_fit(size, tag)
+        size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
+        small = size <= SMALL_REQUEST_BYTES
+        block = self._take_best_fit(size, small, tag)
         if block is None:
-            block = self._grow(size, owner)
-        else:
-            self._unlist(block)
+            block = self._grow(size, small, owner)
         if block.size - size >= ALIGNMENT:
             self._split(block, size)
         block.is_free = False
@@ -120,21 +125,28 @@ class BlockArena:
             self.peak_active_bytes = self.active_bytes
         return block
 
-    def _best_fit(self, size: int, tag: Hashable | None) -> Block | None:
-        best: tuple[int, int] | None = None
-        for key in (tag, None) if tag is not None else (None,):
-            entries = self._free_lists.get(key)
-            if not entries:
-                continue
-            i = bisect.bisect_left(entries, (size, 0))
-            if i < len(entries) and (best is None or entries[i] < best):
-                best = entries[i]
-        return None if best is None else self._free_blocks[best[1]]
+    def _take_best_fit(self, size: int, small: bool, tag: Hashable | None) -> Block | None:
+        """Remove and return the smallest free block of the right class that fits."""
+        lists = self._free_lists
+        best = best_key = best_index = None
+        for key in ((tag, small), (None, small)) if tag is not None else ((None, small),):
+            entries = lists.get(key)
+            if entries:
+                i = bisect.bisect_left(entries, (size, 0))
+                if i < len(entries) and (best is None or entries[i] < best):
+                    best, best_key, best_index = entries[i], key, i
+        if best is None:
+            return None
+        entries = lists[best_key]
+        del entries[best_index]
+        if not entries:
+            del lists[best_key]
+        return self._free_blocks.pop(best[1])
 
-    def _grow(self, size: int, owner: Hashable | None) -> Block:
+    def _grow(self, size: int, small: bool, owner: Hashable | None) -> Block:
         seg_size = segment_size_for(size)
         ptr = self.backing.malloc(seg_size)
-        segment = Segment(ptr, seg_size, owner)
+        segment = Segment(ptr, seg_size, small, owner)
         block = Block(ptr, seg_size, segment)
         segment.head = block
         self.segments[ptr] = segment
@@ -187,7 +199,7 @@ class BlockArena:
 
     def settle(self) -> None:
         """Drop every stream tag and merge neighbouring free blocks (a capture ended)."""
-        if not any(tag is not None for tag in self._free_lists):
+        if not any(tag is not None for tag, _ in self._free_lists):
             return
         self._free_lists = {}
         self._free_blocks = {}
@@ -246,18 +258,17 @@ class BlockArena:
     # -- lists -----------------------------------------------------------------------------
 
     def _list(self, block: Block) -> None:
-        entries = self._free_lists.setdefault(block.tag, [])
+        entries = self._free_lists.setdefault((block.tag, block.segment.small), [])
         bisect.insort(entries, (block.size, block.ptr))
         self._free_blocks[block.ptr] = block
 
     def _unlist(self, block: Block) -> None:
-        entries = self._free_lists[block.tag]
-        key = (block.size, block.ptr)
-        i = bisect.bisect_left(entries, key)
-        del entries[i]
+        key = (block.tag, block.segment.small)
+        entries = self._free_lists[key]
+        del entries[bisect.bisect_left(entries, (block.size, block.ptr))]
         del self._free_blocks[block.ptr]
         if not entries:
-            del self._free_lists[block.tag]
+            del self._free_lists[key]
 
     # -- introspection ---------------------------------------------------------------------
 

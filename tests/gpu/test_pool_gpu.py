@@ -154,8 +154,10 @@ def test_output_outlives_deleted_graph_and_stats_follow(randn):
 def test_out_of_memory_during_capture_and_recovery(randn):
     x = randn((1024,))
     pool = cugraphrt.graph_pool_handle()
-    with graph(Graph(), pool=pool):
+    first = Graph()
+    with graph(first, pool=pool):
         keep = x * 2
+    first.replay()
     baseline = pool.stats()
     _, total = cupy.cuda.runtime.memGetInfo()
     g = Graph()

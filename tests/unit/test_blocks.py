@@ -87,6 +87,18 @@ def test_tagged_blocks_are_reused_only_on_their_stream_until_settled():
     arena.check_invariants()
 
 
+def test_small_requests_never_carve_large_blocks():
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    temp = arena.allocate(32 << 20)
+    arena.free(temp)
+    small = arena.allocate(4096)  # must not split the free 32 MiB block
+    assert small.segment is not temp.segment and small.segment.small
+    again = arena.allocate(32 << 20)
+    assert again.ptr == temp.ptr, "a later large request could not reuse the large block"
+    arena.check_invariants()
+
+
 def test_double_free_is_refused():
     arena = BlockArena(FakeBackingAllocator())
     block = arena.allocate(100)

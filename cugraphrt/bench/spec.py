@@ -1,0 +1,234 @@
+"""What a workload declares and what it hands back: targets, rows, cells and the run context.
+
+A workload is a name, a description, its columns (systems), its reference system, its targets
+and a ``run(ctx)`` function. ``run`` builds rows with :class:`RowBuilder` and hands each to
+``ctx.emit`` as soon as it is complete, so the rows finished before a crash still reach the
+table.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from . import timing
+from .timing import Summary
+
+__all__ = [
+    "SystemUnavailable",
+    "NotAvailable",
+    "Failed",
+    "Cell",
+    "Row",
+    "RowBuilder",
+    "Target",
+    "Workload",
+    "Context",
+]
+
+
+class SystemUnavailable(Exception):
+    """Raised while setting a system up when it cannot run here; the cell shows n/a."""
+
+
+@dataclass(frozen=True)
+class NotAvailable:
+    """A cell whose system cannot run here (not installed, skipped in --quick)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A cell whose system raised while being set up or measured."""
+
+    message: str
+
+
+Cell = Summary | NotAvailable | Failed
+
+
+@dataclass
+class Row:
+    """One table row: a metric of a workload and a cell per system."""
+
+    metric: str
+    unit: str
+    reference: str
+    subject: str
+    systems: tuple[str, ...]
+    cells: dict[str, Cell]
+
+
+def describe(exc: BaseException, limit: int = 300) -> str:
+    """``Type: first line of the message``, shortened to ``limit`` characters."""
+    text = str(exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+class RowBuilder:
+    """Collects the cells of one row; setup and measurement failures become cells.
+
+    Parameters
+    ----------
+    metric : str
+        Row label.
+    unit : str
+        Unit of the values stored with :meth:`set`.
+    systems : tuple of str
+        The row's columns, in display order.
+    reference, subject : str
+        The ratio column shows ``subject / reference``.
+    """
+
+    def __init__(self, metric: str, unit: str, systems: tuple[str, ...], reference: str,
+                 subject: str) -> None:
+        self.row = Row(metric, unit, reference, subject, tuple(systems), {})
+
+    def setup(self, system: str, factory: Callable[[], object]):
+        """Call ``factory``; on failure record the cell and return None.
+
+        :class:`SystemUnavailable` makes the cell n/a; any other exception makes it an
+        error (the run's exit code becomes 1).
+        """
+        try:
+            return factory()
+        except SystemUnavailable as exc:
+            self.unavailable(system, str(exc))
+        except Exception as exc:  # noqa: BLE001 - one system's failure must not end the row
+            self.fail(system, exc)
+        return None
+
+    def unavailable(self, system: str, reason: str) -> None:
+        """Mark ``system`` n/a for ``reason``."""
+        self.row.cells[system] = NotAvailable(reason)
+
+    def unavailable_all(self, reason: str) -> None:
+        """Mark every system without a cell yet n/a for ``reason``."""
+        for system in self.row.systems:
+            self.row.cells.setdefault(system, NotAvailable(reason))
+
+    def fail(self, system: str, exc: BaseException) -> None:
+        """Mark ``system`` failed with ``exc``."""
+        self.row.cells[system] = Failed(describe(exc))
+
+    def set(self, system: str, summary: Summary) -> None:
+        """Store a measured cell (already in the row's unit)."""
+        self.row.cells[system] = summary
+
+    def measure(self, batches: Mapping[str, Callable[[], float] | None], repeats: int, *,
+                scale: float, warmup: int = 2) -> None:
+        """Time the systems interleaved (see :func:`timing.interleave`) and store the cells.
+
+        Systems whose entry is None (their setup failed) are skipped; ``scale`` converts
+        seconds to the row's unit.
+        """
+        live = {name: batch for name, batch in batches.items() if batch is not None}
+        samples = timing.interleave(live, repeats, warmup=warmup, on_error=self.fail)
+        for name, values in samples.items():
+            self.set(name, timing.summarize(values).scaled(scale))
+
+    def build(self) -> Row:
+        """The row; systems never set up are marked n/a."""
+        for system in self.row.systems:
+            self.row.cells.setdefault(system, NotAvailable("not measured"))
+        return self.row
+
+
+@dataclass(frozen=True)
+class Target:
+    """A performance target: ``system / reference`` must stay on one side of ``threshold``.
+
+    Attributes
+    ----------
+    system, reference : str
+        Columns of the ratio.
+    threshold : float
+        The bound on the ratio of medians.
+    direction : {"at_most", "at_least"}
+        ``at_most`` for lower-is-better metrics (every metric of this benchmark).
+    metric : str or None
+        The row it applies to; None for every row of the workload.
+    """
+
+    system: str
+    reference: str
+    threshold: float
+    direction: Literal["at_most", "at_least"] = "at_most"
+    metric: str | None = None
+
+    def holds(self, ratio: float) -> bool:
+        """Whether ``ratio`` meets the target."""
+        if self.direction == "at_most":
+            return ratio <= self.threshold
+        return ratio >= self.threshold
+
+    def describe(self) -> str:
+        """The bound as text, e.g. ``<= 1.05x``."""
+        sign = "<=" if self.direction == "at_most" else ">="
+        return f"{sign} {self.threshold:.2f}x"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A benchmark workload: one block of the table.
+
+    Attributes
+    ----------
+    name : str
+        What ``--only`` selects.
+    description : str
+        One line shown above the block.
+    systems : tuple of str
+        Columns, in display order.
+    reference : str
+        Default reference of its rows (a row may override it).
+    targets : tuple of Target
+    run : callable
+        ``run(ctx)``: measures and emits rows.
+    """
+
+    name: str
+    description: str
+    systems: tuple[str, ...]
+    reference: str
+    targets: tuple[Target, ...]
+    run: Callable[[Context], None]
+
+
+@dataclass
+class Context:
+    """What a running workload sees: the mode, progress reporting and the row sink.
+
+    Attributes
+    ----------
+    quick : bool
+        ``--quick``: fewer repeats, slowest variants skipped.
+    rows : list of Row
+        Rows emitted so far by the current workload.
+    """
+
+    quick: bool = False
+    progress: Callable[[str], None] = field(default=lambda detail: None)
+    rows: list[Row] = field(default_factory=list)
+
+    def repeats(self, full: int, quick: int) -> int:
+        """The repeat count for the current mode."""
+        return quick if self.quick else full
+
+    def emit(self, row: Row) -> None:
+        """Hand a finished row to the runner."""
+        self.rows.append(row)
+
+    def step(self, detail: str) -> None:
+        """Report progress inside the workload (shown on the progress bar)."""
+        self.progress(detail)
+
+
+def keep(fn: Callable[..., float], *args: object) -> Callable[[], float]:
+    """``fn`` bound to ``args``: the batch holds them (arrays a graph reads and writes must
+    outlive its replays, or their memory could be handed to other arrays meanwhile)."""
+    return functools.partial(fn, *args)
