@@ -111,6 +111,10 @@ def _loaded_library_path(stem: str) -> str:
     return stem + ".13"  # let the dynamic linker find it by its soname
 
 
+#: Whether CuPy has a cuBLAS handle (so captures may run GEMMs): set when CuPy's cuBLAS
+#: module was loaded before cugraphrt's hooks, or when CuPy creates a handle afterwards.
+handle_wanted = False
+
 _library: _Library | None = None
 _library_lock = threading.Lock()
 _handles = threading.local()
@@ -212,8 +216,37 @@ def _capturable(name: str, original, c_function_name: str):
     return gemm
 
 
-def install(module) -> None:
-    """Replace the GEMM-family functions of CuPy's cuBLAS module (idempotent)."""
+def _watching_create(original):
+    @functools.wraps(original)
+    def create():
+        if _capture.current_capture() is not None:
+            raise CaptureError(
+                "CuPy would create its cuBLAS handle during capture (got the first cuBLAS "
+                "call of this thread inside a capture); run the matrix product once before "
+                "capturing (warm-up)"
+            )
+        global handle_wanted
+        handle_wanted = True
+        return original()
+
+    create.__cugraphrt_original__ = original
+    return create
+
+
+def install(module, already_loaded: bool) -> None:
+    """Replace the GEMM-family functions of CuPy's cuBLAS module (idempotent).
+
+    Parameters
+    ----------
+    module
+        ``cupy_backends.cuda.libs.cublas``.
+    already_loaded : bool
+        Whether CuPy loaded the module before cugraphrt (it may hold a handle already).
+    """
+    global handle_wanted
+    handle_wanted = handle_wanted or already_loaded
+    if not hasattr(module.create, "__cugraphrt_original__"):
+        module.create = _watching_create(module.create)
     for name, (symbol, _) in GEMM_FUNCTIONS.items():
         original = getattr(module, name, None)
         if original is None or hasattr(original, "__cugraphrt_original__"):

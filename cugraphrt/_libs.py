@@ -55,7 +55,7 @@ def prepare_capture() -> None:
     if len(_done) < len(_GUARDED_MODULES) + 2:
         with _lock:
             _install_pending()
-    if _CUBLAS in sys.modules:
+    if _cublas.handle_wanted:
         from cupy_backends.cuda.api import runtime
 
         _cublas.ensure_capture_handle(runtime.getDevice())
@@ -81,11 +81,21 @@ def _install_pending() -> None:
                     setattr(cufft, name, _PlanGuardMeta.wrapping(original))
         _done.add("cufft")
     for module_name, (library, advice) in _GUARDED_MODULES.items():
+        if module_name in _done:
+            continue
         module = sys.modules.get(module_name)
-        if module_name in _done or module is None:
-            continue  # not loaded yet: CuPy's own refusal is translated by cugraphrt.graph
         if module_name == _CUBLAS:
-            _cublas.install(module)
+            # Loaded now if need be (once per process): a first matmul inside a capture then
+            # meets the hooks instead of CuPy's refusal.
+            already_loaded = module is not None
+            try:
+                module = importlib.import_module(module_name)
+            except ImportError:  # CuPy without cuBLAS: nothing to capture
+                _done.add(module_name)
+                continue
+            _cublas.install(module, already_loaded)
+        elif module is None:
+            continue  # cuRAND/cuSOLVER/cuSPARSE not loaded: CuPy's refusal is translated
         _guard_module(module, library, advice)
         _done.add(module_name)
 
