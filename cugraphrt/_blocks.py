@@ -109,13 +109,46 @@ class BlockArena:
         Grows the arena by one segment when no free block fits; the backing allocator's
         out-of-memory error propagates unchanged, with the arena untouched.
         """
+        # This runs for every array created during a capture: the best-fit search and the
+        # split are inlined to keep it to a handful of list and dict operations.
         size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
         small = size <= SMALL_REQUEST_BYTES
-        block = self._take_best_fit(size, small, tag)
-        if block is None:
+        lists = self._free_lists
+        best = best_entries = best_index = best_key = None
+        key = (None, small)
+        entries = lists.get(key)
+        if entries:
+            i = bisect.bisect_left(entries, (size, 0))
+            if i < len(entries):
+                best, best_entries, best_index, best_key = entries[i], entries, i, key
+        if tag is not None:
+            key = (tag, small)
+            entries = lists.get(key)
+            if entries:
+                i = bisect.bisect_left(entries, (size, 0))
+                if i < len(entries) and (best is None or entries[i] < best):
+                    best, best_entries, best_index, best_key = entries[i], entries, i, key
+        if best is None:
             block = self._grow(size, small, owner)
-        if block.size - size >= ALIGNMENT:
-            self._split(block, size)
+        else:
+            del best_entries[best_index]
+            if not best_entries:
+                del lists[best_key]
+            block = self._free_blocks.pop(best[1])
+        remainder = block.size - size
+        if remainder >= ALIGNMENT:
+            rest = Block(block.ptr + size, remainder, block.segment)
+            rest.tag = block.tag  # the remainder keeps the stream it was freed on
+            rest.prev, rest.next = block, block.next
+            if block.next is not None:
+                block.next.prev = rest
+            block.next = rest
+            block.size = size
+            entries = lists.get((rest.tag, small))
+            if entries is None:
+                entries = lists[(rest.tag, small)] = []
+            bisect.insort(entries, (remainder, rest.ptr))
+            self._free_blocks[rest.ptr] = rest
         block.is_free = False
         block.tag = None
         block.owner = owner
@@ -124,24 +157,6 @@ class BlockArena:
         if self.active_bytes > self.peak_active_bytes:
             self.peak_active_bytes = self.active_bytes
         return block
-
-    def _take_best_fit(self, size: int, small: bool, tag: Hashable | None) -> Block | None:
-        """Remove and return the smallest free block of the right class that fits."""
-        lists = self._free_lists
-        best = best_key = best_index = None
-        for key in ((tag, small), (None, small)) if tag is not None else ((None, small),):
-            entries = lists.get(key)
-            if entries:
-                i = bisect.bisect_left(entries, (size, 0))
-                if i < len(entries) and (best is None or entries[i] < best):
-                    best, best_key, best_index = entries[i], key, i
-        if best is None:
-            return None
-        entries = lists[best_key]
-        del entries[best_index]
-        if not entries:
-            del lists[best_key]
-        return self._free_blocks.pop(best[1])
 
     def _grow(self, size: int, small: bool, owner: Hashable | None) -> Block:
         seg_size = segment_size_for(size)
@@ -152,16 +167,6 @@ class BlockArena:
         self.segments[ptr] = segment
         self.reserved_bytes += seg_size
         return block
-
-    def _split(self, block: Block, size: int) -> None:
-        rest = Block(block.ptr + size, block.size - size, block.segment)
-        rest.tag = block.tag  # the remainder keeps the stream it was freed on
-        rest.prev, rest.next = block, block.next
-        if block.next is not None:
-            block.next.prev = rest
-        block.next = rest
-        block.size = size
-        self._list(rest)
 
     # -- free ------------------------------------------------------------------------------
 
