@@ -9,7 +9,10 @@ table.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+import itertools
+import sys
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -26,6 +29,11 @@ __all__ = [
     "Target",
     "Workload",
     "Context",
+    "describe",
+    "keep",
+    "cycling",
+    "check_close",
+    "verify",
 ]
 
 
@@ -112,8 +120,11 @@ class RowBuilder:
             self.row.cells.setdefault(system, NotAvailable(reason))
 
     def fail(self, system: str, exc: BaseException) -> None:
-        """Mark ``system`` failed with ``exc``."""
+        """Mark ``system`` failed with ``exc``; its traceback goes to stderr."""
         self.row.cells[system] = Failed(describe(exc))
+        # The cell holds one line; whoever reads the run needs the whole story.
+        print(f"cugraphrt bench: {system} failed on {self.row.metric!r}:", file=sys.stderr)
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
 
     def set(self, system: str, summary: Summary) -> None:
         """Store a measured cell (already in the row's unit)."""
@@ -232,3 +243,60 @@ def keep(fn: Callable[..., float], *args: object) -> Callable[[], float]:
     """``fn`` bound to ``args``: the batch holds them (arrays a graph reads and writes must
     outlive its replays, or their memory could be handed to other arrays meanwhile)."""
     return functools.partial(fn, *args)
+
+
+def cycling(fn: Callable[[object], object], inputs: Sequence[object]) -> Callable[[], object]:
+    """A no-argument call of ``fn`` on the next of ``inputs``, round and round.
+
+    Rotating inputs keeps caches and skipped copies from flattering a system: a graph whose
+    caller passed the static input itself would skip its copy-in.
+    """
+    source = itertools.cycle(inputs)
+    return lambda: fn(next(source))
+
+
+def check_close(actual, expected, what: str, tol: float) -> None:
+    """Raise unless ``actual`` matches ``expected`` to a relative 2-norm error of ``tol``.
+
+    Parameters
+    ----------
+    actual, expected : array_like
+        Host arrays (NumPy); compared in float64.
+    what : str
+        Names the result in the error message.
+    tol : float
+        Largest allowed ``||actual - expected|| / ||expected||``.
+
+    Raises
+    ------
+    RuntimeError
+        On a NaN or infinity, a shape mismatch or an error above ``tol``.
+    """
+    import numpy as np
+
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        raise RuntimeError(f"{what}: result has shape {a.shape}, eager has {e.shape}")
+    if not np.isfinite(a).all():
+        raise RuntimeError(f"{what}: result holds NaN or infinity (eager does not)")
+    error = float(np.linalg.norm(a - e) / max(float(np.linalg.norm(e)), 1e-30))
+    if error > tol:
+        raise RuntimeError(f"{what}: result differs from eager (relative error {error:.2e}, "
+                           f"tolerance {tol:.0e}); the timings would compare different work")
+
+
+def verify(row: RowBuilder, system: str, check: Callable[[], object]) -> bool:
+    """Run ``check``; if it raises, the system's cell records the failure and it is not timed.
+
+    Returns
+    -------
+    bool
+        Whether the check passed.
+    """
+
+    def passed() -> bool:
+        check()
+        return True
+
+    return row.setup(system, passed) is True

@@ -1,0 +1,171 @@
+"""Text and plot output of a :class:`~cugraphrt.bench.records.BenchReport`.
+
+The table has a block per workload: a row per metric, a column per system (medians over
+repeats, the row's reference marked ``*``), and a ratio column, the row's subject (the
+cugraphrt system) over its reference. Cells without a value read ``n/a (reason)`` or
+``error: ...``; long messages are cut in the cell and given in full under the block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from .records import BenchReport, RowInfo
+
+__all__ = ["render_report", "render_table", "render_targets", "format_value", "write_plot"]
+
+#: Longest cell text; longer n/a or error messages are cut and repeated under the block.
+CELL_WIDTH = 40
+
+
+def format_value(value: float) -> str:
+    """A median in at least three significant digits, without exponents."""
+    magnitude = abs(value)
+    if magnitude >= 1000:
+        return f"{value:,.0f}"
+    if magnitude >= 100:
+        return f"{value:.0f}"
+    if magnitude >= 10:
+        return f"{value:.1f}"
+    if magnitude >= 1:
+        return f"{value:.2f}"
+    return f"{value:.3g}"
+
+
+def render_report(report: BenchReport, descriptions: Mapping[str, str] | None = None, *,
+                  quick_budget_s: float | None = None) -> str:
+    """The whole text output: table, targets, and a footer with device and versions."""
+    parts = [render_table(report, descriptions or {}), render_targets(report)]
+    versions = ", ".join(f"{k} {v}" for k, v in report.versions.items())
+    mode = " (--quick)" if report.quick else ""
+    footer = [f"device: {report.device}", f"versions: {versions}",
+              f"run: {report.created}, {report.elapsed_s:.1f} s{mode}"]
+    if report.quick and quick_budget_s is not None and report.elapsed_s > quick_budget_s:
+        footer.append(f"warning: the --quick run took {report.elapsed_s:.0f} s, over its "
+                      f"{quick_budget_s:.0f} s budget")
+    parts.append("\n".join(footer))
+    return "\n\n".join(p for p in parts if p)
+
+
+def _workload_order(report: BenchReport) -> list[str]:
+    names: list[str] = []
+    for name in [r.workload for r in report.rows] + [e.workload for e in report.errors]:
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def render_table(report: BenchReport, descriptions: Mapping[str, str] | None = None) -> str:
+    """A block per workload: metric, unit, a column per system, ratio."""
+    descriptions = descriptions or {}
+    blocks = []
+    for name in _workload_order(report):
+        rows = [r for r in report.rows if r.workload == name]
+        title = f"{name}: {descriptions[name]}" if name in descriptions else name
+        lines = [title]
+        footnotes: list[str] = []
+        if rows:
+            lines += _block(report, rows, footnotes)
+        lines += [f"  error: {e.message}" for e in report.errors if e.workload == name]
+        lines += footnotes
+        blocks.append("\n".join(lines))
+    if not blocks:
+        return "no workload ran"
+    legend = "medians over repeats; * = the row's reference; ratio = subject / reference"
+    return legend + "\n\n" + "\n\n".join(blocks)
+
+
+def _block(report: BenchReport, rows: list[RowInfo], footnotes: list[str]) -> list[str]:
+    columns: list[str] = []
+    for row in rows:
+        columns += [s for s in row.systems if s not in columns]
+    subjects = sorted({r.subject for r in rows})
+    header = ["metric", "unit", *columns, f"{'|'.join(subjects)} / *"]
+    table = [header]
+    for row in rows:
+        cells = [_cell(report, row, system, footnotes) if system in row.systems else ""
+                 for system in columns]
+        table.append([row.metric, row.unit, *cells, _ratio(report, row)])
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    return ["  " + "  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip()
+            for line in table]
+
+
+def _cell(report: BenchReport, row: RowInfo, system: str, footnotes: list[str]) -> str:
+    record = report.record(row.workload, row.metric, system)
+    if record is not None:
+        return format_value(record.median) + ("*" if system == row.reference else "")
+    note = report.note(row.workload, row.metric, system)
+    if note is None:
+        return "n/a (not measured)"
+    text = f"n/a ({note.message})" if note.status == "n/a" else f"error: {note.message}"
+    if len(text) <= CELL_WIDTH and note.status == "n/a":
+        return text
+    footnotes.append(f"  [{row.metric}] {system}: {text}")
+    return text if len(text) <= CELL_WIDTH else text[: CELL_WIDTH - 3] + "..."
+
+
+def _ratio(report: BenchReport, row: RowInfo) -> str:
+    subject = report.record(row.workload, row.metric, row.subject)
+    reference = report.record(row.workload, row.metric, row.reference)
+    if subject is None or reference is None or reference.median <= 0:
+        return "-"
+    return f"{subject.median / reference.median:.2f}x"
+
+
+def render_targets(report: BenchReport) -> str:
+    """A PASS / MISS / N/A line per target and row, with the measured ratio."""
+    if not report.targets:
+        return ""
+    lines = ["targets"]
+    for t in report.targets:
+        sign = "<=" if t.direction == "at_most" else ">="
+        bound = f"(target {sign} {t.threshold:.2f}x)"
+        ratio = f"= {t.ratio:.3f}x " if t.ratio is not None else ""
+        line = (f"  {t.status:<4}  {t.workload:<13} {t.system} / {t.reference} {ratio}{bound}"
+                f"  [{t.metric}]")
+        lines.append(line + (f": {t.note}" if t.note else ""))
+    return "\n".join(lines)
+
+
+def write_plot(report: BenchReport, path: Path | str) -> None:
+    """A bar chart: per row, each system's median over the row's reference (log scale).
+
+    Raises
+    ------
+    ImportError
+        Without matplotlib (``pip install 'cugraphrt[plot]'``).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on a GPU server
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in report.rows if report.record(r.workload, r.metric, r.reference)]
+    systems: list[str] = []
+    for row in rows:
+        systems += [s for s in row.systems if s not in systems]
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.1 * len(rows)), 5.5))
+    width = 0.8 / max(len(systems), 1)
+    for i, system in enumerate(systems):
+        xs, heights = [], []
+        for j, row in enumerate(rows):
+            value = report.record(row.workload, row.metric, system)
+            reference = report.record(row.workload, row.metric, row.reference)
+            if value is not None and reference.median > 0 and value.median > 0:
+                xs.append(j - 0.4 + width * (i + 0.5))
+                heights.append(value.median / reference.median)
+        if xs:
+            ax.bar(xs, heights, width, label=system)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([f"{r.workload}\n{r.metric}" for r in rows], rotation=45, ha="right",
+                       fontsize=7)
+    ax.set_ylabel("median / the row's reference (lower is better)")
+    ax.set_title(f"cugraphrt bench, {report.device}, {report.created[:10]}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,377 @@
+"""``cugraphrt bench``: run the workloads, print the table and the targets' verdicts.
+
+The run loop gives each workload a :class:`~cugraphrt.bench.spec.Context`; whatever rows it
+emitted before a crash are kept, the crash becomes an error line in its block, and the next
+workload runs. The rows become a :class:`~cugraphrt.bench.records.BenchReport`, from which
+the table (:mod:`cugraphrt.bench.render`), the JSON file and the plot are all produced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import platform
+import sys
+import traceback
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from time import perf_counter
+
+from . import render
+from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, WorkloadError
+from .spec import Context, Failed, NotAvailable, Row, Workload, describe
+from .timing import Summary
+
+__all__ = ["main", "WORKLOADS", "parse_args", "run_workloads", "build_report",
+           "evaluate_targets", "Progress", "QUICK_BUDGET_S"]
+
+#: What ``--quick`` promises: the whole run within this many seconds on an H100.
+QUICK_BUDGET_S = 60.0
+
+
+def _workloads() -> tuple[Workload, ...]:
+    from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
+    from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
+
+    return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
+            POOL_ALLOC)
+
+
+#: Every workload, in run order.
+WORKLOADS: tuple[Workload, ...] = _workloads()
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse ``cugraphrt bench`` arguments (``argv`` excludes the ``bench`` word)."""
+    names = [w.name for w in WORKLOADS]
+    parser = argparse.ArgumentParser(
+        prog="cugraphrt bench",
+        description="Benchmarks of cugraphrt against CuPy, PyTorch and torch.compile: a table "
+                    "of medians, ratios to each row's reference, and PASS/MISS per target.")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"fewer repeats, slowest variants skipped; whole run under "
+                             f"{QUICK_BUDGET_S:.0f} s on an H100")
+    parser.add_argument("--only", action="append", metavar="NAME", choices=names,
+                        help="run only this workload (repeatable); one of: " + ", ".join(names))
+    parser.add_argument("--json", metavar="PATH", type=Path,
+                        help="write the records (a BenchReport) as JSON")
+    parser.add_argument("--plot", metavar="PATH.png", type=Path,
+                        help="write a bar chart of the ratios (needs matplotlib: "
+                             "pip install 'cugraphrt[plot]')")
+    parser.add_argument("--list", action="store_true", help="list the workloads and exit")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar on stderr")
+    return parser.parse_args(list(argv) if argv is not None else None)
+
+
+def gpu_unavailable_reason() -> str | None:
+    """None when CuPy sees a CUDA GPU, else why not."""
+    try:
+        import cupy
+    except Exception as exc:  # noqa: BLE001
+        return f"CuPy does not import: {describe(exc)}"
+    try:
+        if cupy.cuda.is_available():
+            return None
+        return "cupy.cuda.is_available() is False"
+    except Exception as exc:  # noqa: BLE001
+        return describe(exc)
+
+
+def matplotlib_available() -> bool:
+    """Whether ``--plot`` can work (matplotlib is the optional extra ``cugraphrt[plot]``)."""
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``cugraphrt bench``.
+
+    Returns
+    -------
+    int
+        0 when every workload ran, 1 when one crashed or a system failed (or an output could
+        not be written), 2 without a CUDA GPU.
+    """
+    from ..cli import NO_GPU_EXIT_CODE
+
+    args = parse_args(argv)
+    if args.list:
+        for workload in WORKLOADS:
+            print(f"{workload.name:<13} {workload.description}")
+        return 0
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        print(f"cugraphrt bench: no CUDA GPU is available ({reason}); run it on a machine "
+              f"with an NVIDIA GPU and its driver", file=sys.stderr)
+        return NO_GPU_EXIT_CODE
+    if args.plot is not None and not matplotlib_available():
+        print("cugraphrt bench: --plot needs matplotlib, which is not installed; install it "
+              "with: pip install 'cugraphrt[plot]'", file=sys.stderr)
+        return 1
+    selected = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    progress = Progress(len(selected), enabled=not args.no_progress)
+    report = run_workloads(selected, quick=args.quick, progress=progress)
+    print(render.render_report(report, {w.name: w.description for w in WORKLOADS},
+                               quick_budget_s=QUICK_BUDGET_S))
+    written = _write_outputs(report, args.json, args.plot)
+    return 1 if report.failed or not written else 0
+
+
+def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path | None) -> bool:
+    ok = True
+    if json_path is not None:
+        try:
+            json_path.write_text(report.model_dump_json(indent=2) + "\n")
+        except OSError as exc:
+            print(f"cugraphrt bench: could not write {json_path} ({exc})", file=sys.stderr)
+            ok = False
+    if plot_path is not None:
+        try:
+            render.write_plot(report, plot_path)
+        except Exception as exc:  # noqa: BLE001 - the table is printed already
+            print(f"cugraphrt bench: could not write the plot {plot_path} ({describe(exc)})",
+                  file=sys.stderr)
+            ok = False
+    return ok
+
+
+# -- running -------------------------------------------------------------------------------
+
+
+def run_workloads(workloads: Sequence[Workload], *, quick: bool,
+                  progress: Progress | None = None) -> BenchReport:
+    """Run ``workloads`` in order and assemble the report.
+
+    A workload that raises keeps the rows it emitted; its error goes into the report.
+    """
+    progress = progress or Progress(len(workloads), enabled=False)
+    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    start = perf_counter()
+    device = device_name()
+    results: list[tuple[Workload, list[Row], str | None]] = []
+    for index, workload in enumerate(workloads):
+        progress.begin(index, workload.name)
+        ctx = Context(quick=quick, progress=progress.step)
+        error = None
+        try:
+            workload.run(ctx)
+        except Exception as exc:  # noqa: BLE001 - report it, run the next workload
+            error = describe(exc, limit=500)
+            progress.interrupt()
+            print(f"cugraphrt bench: workload {workload.name} crashed:", file=sys.stderr)
+            traceback.print_exc()
+        results.append((workload, ctx.rows, error))
+        progress.end("crashed" if error else "done")
+        _settle()
+    progress.close()
+    return build_report(results, workloads, created=created, device=device,
+                        versions=collect_versions(), quick=quick,
+                        elapsed_s=perf_counter() - start)
+
+
+def _settle() -> None:
+    # One workload's garbage and in-flight work must not be billed to the next.
+    gc.collect()
+    try:
+        import cupy
+
+        import cugraphrt
+
+        cupy.cuda.runtime.deviceSynchronize()
+        cugraphrt.empty_cache()
+    except Exception:  # noqa: BLE001 - a broken context shows up in the next workload
+        pass
+
+
+def build_report(results, workloads: Sequence[Workload], *, created: str, device: str,
+                 versions: dict[str, str], quick: bool, elapsed_s: float) -> BenchReport:
+    """Turn the workloads' rows into a :class:`BenchReport` and evaluate the targets.
+
+    Parameters
+    ----------
+    results : list of (Workload, list of Row, str or None)
+        Per workload, its rows and its crash message.
+    """
+    report = BenchReport(created=created, device=device, versions=versions, quick=quick,
+                         elapsed_s=elapsed_s)
+    for workload, rows, error in results:
+        for row in rows:
+            _add_row(report, workload.name, row)
+        if error is not None:
+            report.errors.append(WorkloadError(workload=workload.name, message=error))
+    report.targets = evaluate_targets([w for w, _, _ in results], report)
+    return report
+
+
+def _add_row(report: BenchReport, workload: str, row: Row) -> None:
+    report.rows.append(RowInfo(workload=workload, metric=row.metric, unit=row.unit,
+                               reference=row.reference, subject=row.subject,
+                               systems=list(row.systems)))
+    for system in row.systems:
+        cell = row.cells.get(system, NotAvailable("not measured"))
+        where = {"workload": workload, "metric": row.metric, "system": system}
+        if isinstance(cell, Summary):
+            report.records.append(BenchRecord(
+                **where, unit=row.unit, median=cell.median, min=cell.min, max=cell.max,
+                repeats=cell.repeats, device=report.device, versions=report.versions))
+        elif isinstance(cell, Failed):
+            report.notes.append(CellNote(**where, status="error", message=cell.message))
+        else:
+            report.notes.append(CellNote(**where, status="n/a", message=cell.reason))
+
+
+def evaluate_targets(workloads: Sequence[Workload], report: BenchReport) -> list[TargetResult]:
+    """PASS/MISS (or N/A) of every target of ``workloads`` on the rows it applies to."""
+    results = []
+    for workload in workloads:
+        rows = [r for r in report.rows if r.workload == workload.name]
+        for target in workload.targets:
+            matched = [r for r in rows if target.metric in (None, r.metric)
+                       and target.system in r.systems and target.reference in r.systems]
+            base = {"workload": workload.name, "system": target.system,
+                    "reference": target.reference, "threshold": target.threshold,
+                    "direction": target.direction}
+            if not matched:
+                crashed = any(e.workload == workload.name for e in report.errors)
+                results.append(TargetResult(
+                    **base, metric=target.metric or "*", ratio=None, status="N/A",
+                    note="the workload crashed" if crashed else "row not measured"))
+            for row in matched:
+                results.append(_verdict(report, target, row.metric, base))
+    return results
+
+
+def _verdict(report: BenchReport, target, metric: str, base: dict) -> TargetResult:
+    subject = report.record(base["workload"], metric, target.system)
+    reference = report.record(base["workload"], metric, target.reference)
+    if subject is None or reference is None:
+        missing = target.system if subject is None else target.reference
+        note = report.note(base["workload"], metric, missing)
+        why = f"{note.status} ({note.message})" if note else "no value"
+        return TargetResult(**base, metric=metric, ratio=None, status="N/A",
+                            note=f"{missing}: {why}")
+    if reference.median <= 0:
+        return TargetResult(**base, metric=metric, ratio=None, status="N/A",
+                            note=f"{target.reference} is {reference.median}")
+    ratio = subject.median / reference.median
+    return TargetResult(**base, metric=metric, ratio=ratio,
+                        status="PASS" if target.holds(ratio) else "MISS")
+
+
+# -- environment ---------------------------------------------------------------------------
+
+
+def device_name() -> str:
+    """The current GPU's name and compute capability."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    props = runtime.getDeviceProperties(runtime.getDevice())
+    name = props["name"]
+    name = name.decode() if isinstance(name, bytes) else str(name)
+    return f"{name} (sm_{props['major']}{props['minor']})"
+
+
+def collect_versions() -> dict[str, str]:
+    """Versions of what the run used; torch and the adapter only if a workload loaded them."""
+    import cupy
+    import numpy
+
+    import cugraphrt
+
+    versions = {"cugraphrt": cugraphrt.__version__, "cupy": cupy.__version__,
+                "numpy": numpy.__version__, "python": platform.python_version()}
+    try:
+        runtime = cupy.cuda.runtime
+        versions["cuda_runtime"] = _cuda_version(runtime.runtimeGetVersion())
+        versions["cuda_driver"] = _cuda_version(runtime.driverGetVersion())
+    except Exception:  # noqa: BLE001 - versions are informative only
+        pass
+    for name in ("torch", "triton", "cugraphrt_torch"):
+        module = sys.modules.get(name)
+        if module is not None:
+            versions[name] = str(getattr(module, "__version__", "unknown"))
+    return versions
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+class Progress:
+    """A progress bar on stderr: redrawn in place on a terminal, a line per workload else.
+
+    Parameters
+    ----------
+    total : int
+        Number of workloads.
+    enabled : bool
+        False prints nothing.
+    stream : file, optional
+        Defaults to ``sys.stderr``.
+    """
+
+    WIDTH = 20
+
+    def __init__(self, total: int, *, enabled: bool = True, stream=None) -> None:
+        self.total = max(total, 1)
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.start = perf_counter()
+        self.index, self.name, self.detail = 0, "", ""
+        self._workload_start = self.start
+        self._shown = 0
+
+    def begin(self, index: int, name: str) -> None:
+        """A workload starts."""
+        self.index, self.name, self.detail = index, name, ""
+        self._workload_start = perf_counter()
+        if self.enabled and not self.tty:
+            self._line(f"[{index + 1}/{self.total}] {name} ...")
+        self._draw()
+
+    def step(self, detail: str) -> None:
+        """A step inside the current workload."""
+        self.detail = detail
+        self._draw()
+
+    def end(self, status: str) -> None:
+        """The current workload finished with ``status``."""
+        seconds = perf_counter() - self._workload_start
+        if self.enabled and not self.tty:
+            self._line(f"[{self.index + 1}/{self.total}] {self.name} {status} in "
+                       f"{seconds:.1f} s")
+        self.index += 1
+        self.detail = status
+        self._draw()
+
+    def interrupt(self) -> None:
+        """Clear the bar so that other stderr output starts on a clean line."""
+        if self.enabled and self.tty and self._shown:
+            self.stream.write("\r" + " " * self._shown + "\r")
+            self.stream.flush()
+            self._shown = 0
+
+    def close(self) -> None:
+        """Clear the bar at the end of the run."""
+        self.interrupt()
+
+    def _draw(self) -> None:
+        if not (self.enabled and self.tty):
+            return
+        filled = self.WIDTH * self.index // self.total
+        bar = "#" * filled + "-" * (self.WIDTH - filled)
+        text = (f"[{bar}] {min(self.index + 1, self.total)}/{self.total} {self.name}"
+                f"{': ' + self.detail if self.detail else ''}  {perf_counter() - self.start:.0f} s")
+        self.stream.write("\r" + text.ljust(self._shown))
+        self.stream.flush()
+        self._shown = len(text)
+
+    def _line(self, text: str) -> None:
+        print(f"cugraphrt bench {text}", file=self.stream, flush=True)

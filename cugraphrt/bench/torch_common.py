@@ -1,0 +1,135 @@
+"""Shared pieces of the PyTorch workloads: lazy imports, the models, the hand-written graph.
+
+torch and cugraphrt_torch are imported inside these functions, never at module import, so
+the CuPy workloads and the no-GPU path never pay for (or need) them.
+"""
+
+from __future__ import annotations
+
+import gc
+
+import cugraphrt
+
+from .spec import SystemUnavailable, describe, keep
+from .timing import host_batch
+
+__all__ = ["torch_module", "adapter_module", "adapter_function", "mlp", "convnet",
+           "release_torch", "HandGraph", "one_kernel_replay", "WARMUP_ITERS"]
+
+WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
+
+
+def torch_module():
+    """``torch``, or :class:`SystemUnavailable` saying why it cannot be used."""
+    try:
+        import torch
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            raise SystemUnavailable("torch not installed") from None
+        raise SystemUnavailable(f"torch does not import: {describe(exc)}") from None
+    except Exception as exc:  # noqa: BLE001 - a broken install is "not available" too
+        raise SystemUnavailable(f"torch does not import: {describe(exc)}") from None
+    if not torch.cuda.is_available():
+        raise SystemUnavailable(f"torch {torch.__version__} has no CUDA device")
+    return torch
+
+
+def adapter_module():
+    """``cugraphrt_torch``, or :class:`SystemUnavailable` saying why it cannot be used."""
+    torch_module()
+    try:
+        import cugraphrt_torch
+    except Exception as exc:  # noqa: BLE001
+        raise SystemUnavailable(f"cugraphrt_torch does not import: {describe(exc)}") from None
+    return cugraphrt_torch
+
+
+def adapter_function(name: str):
+    """``cugraphrt_torch.<name>``, or :class:`SystemUnavailable` if the adapter lacks it."""
+    function = getattr(adapter_module(), name, None)
+    if function is None:
+        raise SystemUnavailable(f"cugraphrt_torch has no {name}()")
+    return function
+
+
+def mlp(torch, widths):
+    """Linear layers of ``widths`` (input first) with ReLU between them.
+
+    Weights use He initialization: with PyTorch's default the signal fades through a deep
+    stack (16 layers), the output barely depends on the input, and the checks against eager
+    could not tell a stale replay from a correct one.
+    """
+    layers = []
+    for n_in, n_out in zip(widths[:-1], widths[1:]):
+        linear = torch.nn.Linear(n_in, n_out)
+        with torch.no_grad():
+            torch.nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
+            torch.nn.init.normal_(linear.bias, std=0.01)
+        layers += [linear, torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def convnet(torch):
+    """A small image classifier: three 3x3 convolutions, pooling, a linear head."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(32, 64, 3, stride=2, padding=1), nn.ReLU(),
+        nn.Conv2d(64, 128, 3, stride=2, padding=1), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+
+
+def release_torch(torch) -> None:
+    """Drop garbage and cached memory of torch, cugraphrt and CuPy."""
+    import cupy
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    cugraphrt.empty_cache()
+    cupy.get_default_memory_pool().free_all_blocks()
+
+
+class HandGraph:
+    """The hand-written ``torch.cuda.CUDAGraph`` of the PyTorch docs: side-stream warm-up,
+    capture, then copy in + replay per call."""
+
+    def __init__(self, torch, model, sample) -> None:
+        self.static_in = sample.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_ITERS):
+                model(self.static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.static_out = model(self.static_in)
+
+    def __call__(self, x):
+        self.static_in.copy_(x)
+        self.graph.replay()
+        return self.static_out
+
+
+# -- replay (torch column) -----------------------------------------------------------------
+
+
+def one_kernel_replay(calls: int):
+    """A batch of ``torch.cuda.CUDAGraph.replay`` of a one-kernel graph (host time)."""
+    torch = torch_module()
+    stream = torch.cuda.Stream()
+    x = torch.randn(1024, device="cuda")
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x.add_(1)  # warm-up outside the capture, as torch requires
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        x.add_(1)
+    return keep(_launch_batch, torch, graph.replay, stream, calls, x, graph)
+
+
+def _launch_batch(torch, launch, stream, calls: int, *kept) -> float:
+    with torch.cuda.stream(stream):
+        return host_batch(launch, calls)

@@ -1,0 +1,48 @@
+"""``cugraphrt bench`` on a GPU: a quick run of one workload writes a valid report."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cugraphrt.bench.records import BenchReport
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The project and the adapter from this checkout, ahead of whatever is installed; the
+    # rest of PYTHONPATH (where pydantic may live) is kept.
+    paths = [str(ROOT), str(ROOT / "adapters"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def test_quick_replay_writes_a_valid_json_report(tmp_path):
+    path = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "cugraphrt", "bench", "--quick", "--only", "replay",
+         "--json", str(path), "--no-progress"],
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    report = BenchReport.model_validate_json(path.read_text())
+    assert report.quick and not report.errors
+    assert {r.workload for r in report.rows} == {"replay"}
+    systems = {r.system for r in report.records}
+    assert {"cugraphrt", "cupy_graph"} <= systems, output
+    for record in report.records:
+        assert record.unit == "us"
+        assert 0 < record.min <= record.median <= record.max < 1e4
+        assert record.repeats == 15
+        assert record.device == report.device and record.versions["cupy"]
+    (verdict,) = [t for t in report.targets if t.workload == "replay"]
+    assert verdict.status in ("PASS", "MISS") and verdict.ratio > 0
+    assert "replay: " in proc.stdout and "cugraphrt / cupy_graph" in proc.stdout

@@ -1,0 +1,516 @@
+"""``cugraphrt bench`` without a GPU: the no-GPU exit, argument parsing, the run loop on fake
+workloads, table rendering, JSON records and target verdicts on fabricated data."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from cugraphrt import cli
+from cugraphrt.bench import runner
+from cugraphrt.bench.records import BenchRecord, BenchReport
+from cugraphrt.bench.render import format_value, render_report, render_table
+from cugraphrt.bench.spec import (
+    Context,
+    Failed,
+    NotAvailable,
+    Row,
+    RowBuilder,
+    SystemUnavailable,
+    Target,
+    Workload,
+    check_close,
+    verify,
+)
+from cugraphrt.bench.timing import Summary, host_batch, interleave, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+NO_GPU_MESSAGE = "cugraphrt bench: no CUDA GPU is available"
+
+
+def _env_without_gpu() -> dict[str, str]:
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ""  # no device visible, even on the GPU machine
+    paths = [str(ROOT), str(ROOT / "adapters"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+# -- no GPU --------------------------------------------------------------------------------
+
+
+def test_python_m_cugraphrt_bench_without_gpu_exits_2_with_plain_message():
+    proc = subprocess.run([sys.executable, "-m", "cugraphrt", "bench", "--quick"], cwd=ROOT,
+                          env=_env_without_gpu(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == cli.NO_GPU_EXIT_CODE == 2
+    assert proc.stderr.startswith(NO_GPU_MESSAGE)
+    assert proc.stderr.count("\n") == 1  # one plain line, no traceback
+    assert proc.stdout == ""
+
+
+def test_console_script_without_gpu_exits_2():
+    script = shutil.which("cugraphrt")
+    if script is None:
+        pytest.skip("the cugraphrt console script is not installed in this environment")
+    proc = subprocess.run([script, "bench", "--quick"], env=_env_without_gpu(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith(NO_GPU_MESSAGE)
+
+
+def test_cli_main_bench_quick_without_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(runner, "gpu_unavailable_reason",
+                        lambda: "cupy.cuda.is_available() is False")
+    assert cli.main(["bench", "--quick"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == (f"{NO_GPU_MESSAGE} (cupy.cuda.is_available() is False); run it on a "
+                   f"machine with an NVIDIA GPU and its driver\n")
+
+
+def test_importing_bench_does_not_import_torch():
+    code = "import sys, cugraphrt.bench; print('torch' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env_without_gpu(),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
+# -- arguments -----------------------------------------------------------------------------
+
+
+def test_parse_args_all_options(tmp_path):
+    args = runner.parse_args(["--quick", "--only", "replay", "--only", "chain", "--json",
+                              str(tmp_path / "r.json"), "--plot", str(tmp_path / "p.png"),
+                              "--no-progress"])
+    assert args.quick and args.no_progress and not args.list
+    assert args.only == ["replay", "chain"]
+    assert args.json == tmp_path / "r.json"
+    assert args.plot == tmp_path / "p.png"
+
+
+def test_parse_args_defaults():
+    args = runner.parse_args([])
+    assert not args.quick and args.only is None and args.json is None and args.plot is None
+
+
+def test_parse_args_rejects_unknown_workload(capsys):
+    with pytest.raises(SystemExit) as info:
+        runner.parse_args(["--only", "nope"])
+    assert info.value.code == 2
+    assert "invalid choice: 'nope'" in capsys.readouterr().err
+
+
+def test_every_issue_workload_is_registered_in_order():
+    names = [w.name for w in runner.WORKLOADS]
+    assert names == ["replay", "chain", "cupy_mlp", "torch_infer", "torch_train",
+                     "pool_sharing", "capture_time", "pool_alloc"]
+    for workload in runner.WORKLOADS:
+        for target in workload.targets:
+            assert target.system in workload.systems or target.metric is not None
+
+
+def test_list_works_without_gpu(capsys):
+    assert runner.main(["--list"]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines()] == [w.name for w in runner.WORKLOADS]
+
+
+def test_plot_without_matplotlib_is_a_clear_error(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(runner, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(runner, "matplotlib_available", lambda: False)
+    assert runner.main(["--plot", str(tmp_path / "p.png")]) == 1
+    assert "pip install 'cugraphrt[plot]'" in capsys.readouterr().err
+
+
+# -- fabricated rows and reports -----------------------------------------------------------
+
+
+def _summary(median: float, spread: float = 0.1) -> Summary:
+    return Summary(median, median - spread, median + spread, 10)
+
+
+def _row(metric: str, cells: dict, reference: str = "ref", subject: str = "ours") -> Row:
+    return Row(metric, "us", reference, subject, tuple(cells), dict(cells))
+
+
+DEMO = Workload("demo", "a fabricated workload", ("ours", "ref", "torchy"), "ref",
+                (Target("ours", "ref", 1.10), Target("ours", "torchy", 0.90)), lambda ctx: None)
+
+
+def _demo_report() -> BenchReport:
+    rows = [
+        _row("fast", {"ours": _summary(2.14), "ref": _summary(2.0),
+                      "torchy": NotAvailable("torch not installed")}),
+        _row("slow", {"ours": _summary(3.0), "ref": _summary(2.0), "torchy": _summary(4.0)}),
+        _row("broken", {"ours": Failed("RuntimeError: capture failed"), "ref": _summary(1.0),
+                        "torchy": _summary(1.5)}),
+    ]
+    return runner.build_report([(DEMO, rows, None)], [DEMO], created="2026-01-01T00:00:00+00:00",
+                               device="Fake GPU (sm_90)", versions={"cupy": "14.2.0"},
+                               quick=True, elapsed_s=12.5)
+
+
+def test_build_report_records_notes_and_layout():
+    report = _demo_report()
+    assert [r.metric for r in report.rows] == ["fast", "slow", "broken"]
+    assert len(report.records) == 7
+    rec = report.record("demo", "fast", "ours")
+    assert (rec.median, rec.min, rec.max, rec.repeats, rec.unit) == (2.14, 2.04, 2.24, 10, "us")
+    assert rec.device == "Fake GPU (sm_90)" and rec.versions == {"cupy": "14.2.0"}
+    assert report.note("demo", "fast", "torchy").status == "n/a"
+    assert report.note("demo", "broken", "ours").status == "error"
+    assert report.failed
+
+
+def test_report_json_round_trip_validates():
+    report = _demo_report()
+    text = report.model_dump_json(indent=2)
+    again = BenchReport.model_validate_json(text)
+    assert again == report
+    data = json.loads(text)
+    assert set(data["records"][0]) == {"workload", "system", "metric", "unit", "median", "min",
+                                       "max", "repeats", "device", "versions"}
+
+
+@pytest.mark.parametrize("change", [
+    {"min": 3.0},                # min above the median
+    {"max": 1.0},                # max below the median
+    {"repeats": 0},
+    {"extra_field": 1},
+])
+def test_bench_record_rejects_inconsistent_values(change):
+    fields = dict(workload="w", system="s", metric="m", unit="us", median=2.0, min=1.0,
+                  max=3.0, repeats=5, device="d", versions={})
+    fields.update(change)
+    with pytest.raises(ValidationError):
+        BenchRecord(**fields)
+
+
+def test_table_marks_reference_ratio_and_unavailable_cells():
+    report = _demo_report()
+    table = render_table(report, {"demo": "a fabricated workload"})
+    lines = table.splitlines()
+    assert "demo: a fabricated workload" in lines
+    header = next(line for line in lines if line.strip().startswith("metric"))
+    assert header.split()[:5] == ["metric", "unit", "ours", "ref", "torchy"]
+    fast = next(line for line in lines if line.strip().startswith("fast"))
+    assert "2.14" in fast and "2.00*" in fast and "n/a (torch not installed)" in fast
+    assert fast.rstrip().endswith("1.07x")
+    slow = next(line for line in lines if line.strip().startswith("slow"))
+    assert slow.rstrip().endswith("1.50x")
+    broken = next(line for line in lines if line.strip().startswith("broken"))
+    assert "error: RuntimeError: capture failed" in broken and broken.rstrip().endswith("-")
+    # errors are repeated in full under the block
+    assert "  [broken] ours: error: RuntimeError: capture failed" in lines
+
+
+def test_long_unavailable_reason_is_cut_in_the_cell_and_given_in_full_below():
+    reason = "cugraphrt_torch does not import: ModuleNotFoundError: No module named 'x'"
+    rows = [_row("m", {"ours": NotAvailable(reason), "ref": _summary(1.0)})]
+    report = runner.build_report([(DEMO, rows, None)], [DEMO], created="t", device="d",
+                                 versions={}, quick=False, elapsed_s=1.0)
+    table = render_table(report)
+    assert f"  [m] ours: n/a ({reason})" in table.splitlines()
+    row_line = next(line for line in table.splitlines() if line.strip().startswith("m "))
+    assert "..." in row_line
+
+
+def test_crashed_workload_shows_its_error_and_keeps_finished_rows():
+    rows = [_row("first", {"ours": _summary(1.0), "ref": _summary(1.0)})]
+    report = runner.build_report([(DEMO, rows, "ValueError: boom")], [DEMO], created="t",
+                                 device="d", versions={}, quick=False, elapsed_s=1.0)
+    table = render_table(report)
+    assert "  error: ValueError: boom" in table.splitlines()
+    assert "first" in table
+    assert report.failed
+
+
+def test_render_report_footer_and_quick_budget_warning():
+    report = _demo_report().model_copy(update={"elapsed_s": 75.0})
+    text = render_report(report, quick_budget_s=60.0)
+    assert "device: Fake GPU (sm_90)" in text
+    assert "versions: cupy 14.2.0" in text
+    assert "warning: the --quick run took 75 s, over its 60 s budget" in text
+    assert "warning" not in render_report(_demo_report(), quick_budget_s=60.0)
+
+
+@pytest.mark.parametrize("value, text", [
+    (1234.5, "1,234"), (414.26, "414"), (12.345, "12.3"), (2.456, "2.46"), (0.1234, "0.123"),
+    (0.0, "0"),
+])
+def test_format_value(value, text):
+    assert format_value(value) == text
+
+
+# -- targets -------------------------------------------------------------------------------
+
+
+def test_targets_pass_miss_and_na():
+    verdicts = {(t.metric, t.reference): t for t in _demo_report().targets}
+    fast_ref = verdicts[("fast", "ref")]
+    assert fast_ref.status == "PASS" and fast_ref.ratio == pytest.approx(1.07)
+    slow_ref = verdicts[("slow", "ref")]
+    assert slow_ref.status == "MISS" and slow_ref.ratio == pytest.approx(1.5)
+    slow_torchy = verdicts[("slow", "torchy")]
+    assert slow_torchy.status == "PASS" and slow_torchy.ratio == pytest.approx(0.75)
+    fast_torchy = verdicts[("fast", "torchy")]
+    assert fast_torchy.status == "N/A" and fast_torchy.ratio is None
+    assert fast_torchy.note == "torchy: n/a (torch not installed)"
+    assert verdicts[("broken", "ref")].note == "ours: error (RuntimeError: capture failed)"
+
+
+def test_target_on_a_row_that_was_not_measured_is_na():
+    workload = Workload("w", "", ("ours", "ref"), "ref",
+                        (Target("ours", "ref", 1.0, metric="missing"),), lambda ctx: None)
+    report = runner.build_report([(workload, [_row("other", {"ours": _summary(1.0),
+                                                             "ref": _summary(1.0)})], None)],
+                                 [workload], created="t", device="d", versions={}, quick=True,
+                                 elapsed_s=1.0)
+    (verdict,) = report.targets
+    assert verdict.status == "N/A" and verdict.metric == "missing"
+    assert verdict.note == "row not measured"
+
+
+def test_target_bounds_are_inclusive_and_directional():
+    assert Target("a", "b", 1.05).holds(1.05)
+    assert not Target("a", "b", 1.05).holds(1.0501)
+    assert Target("a", "b", 2.0, direction="at_least").holds(2.0)
+    assert not Target("a", "b", 2.0, direction="at_least").holds(1.9)
+    assert Target("a", "b", 0.9).describe() == "<= 0.90x"
+
+
+def test_target_lines_in_text_output():
+    text = render_report(_demo_report())
+    lines = text.splitlines()
+    assert any(line.split()[:2] == ["PASS", "demo"] and "ours / ref = 1.070x" in line
+               and "(target <= 1.10x)" in line and line.endswith("[fast]") for line in lines)
+    assert any(line.split()[:2] == ["MISS", "demo"] and "[slow]" in line for line in lines)
+    assert any(line.split()[:1] == ["N/A"] and "torchy: n/a (torch not installed)" in line
+               for line in lines)
+
+
+# -- the run loop on fake workloads --------------------------------------------------------
+
+
+def _fake_workloads():
+    def good(ctx: Context) -> None:
+        ctx.step("measuring")
+        builder = RowBuilder("m", "us", ("ours", "ref"), "ref", "ours")
+        builder.set("ours", _summary(1.0))
+        builder.set("ref", _summary(2.0))
+        ctx.emit(builder.build())
+
+    def crashing(ctx: Context) -> None:
+        builder = RowBuilder("before", "us", ("ours", "ref"), "ref", "ours")
+        builder.set("ours", _summary(1.0))
+        builder.set("ref", _summary(1.0))
+        ctx.emit(builder.build())
+        raise ValueError("boom")
+
+    return (Workload("good", "fine", ("ours", "ref"), "ref", (Target("ours", "ref", 1.0),),
+                     good),
+            Workload("bad", "crashes", ("ours", "ref"), "ref", (), crashing))
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    monkeypatch.setattr(runner, "WORKLOADS", _fake_workloads())
+    monkeypatch.setattr(runner, "gpu_unavailable_reason", lambda: None)
+    monkeypatch.setattr(runner, "device_name", lambda: "Fake GPU (sm_90)")
+
+
+def test_main_runs_continues_after_a_crash_and_writes_json(fake_gpu, tmp_path, capsys):
+    path = tmp_path / "report.json"
+    assert runner.main(["--json", str(path), "--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "good: fine" in out and "bad: crashes" in out
+    assert "error: ValueError: boom" in out
+    assert "PASS  good" in out
+    assert "workload bad crashed" in err and "Traceback" in err
+    report = BenchReport.model_validate_json(path.read_text())
+    assert [(r.workload, r.metric) for r in report.rows] == [("good", "m"), ("bad", "before")]
+    assert report.errors[0].workload == "bad"
+    assert report.device == "Fake GPU (sm_90)"
+
+
+def test_main_only_selects_and_exits_0(fake_gpu, tmp_path, capsys):
+    path = tmp_path / "report.json"
+    assert runner.main(["--only", "good", "--json", str(path), "--no-progress"]) == 0
+    report = BenchReport.model_validate_json(path.read_text())
+    assert {r.workload for r in report.records} == {"good"}
+    assert report.targets[0].status == "PASS"
+
+
+def test_unwritable_json_path_fails_the_run(fake_gpu, tmp_path, capsys):
+    path = tmp_path / "missing-dir" / "report.json"
+    assert runner.main(["--only", "good", "--json", str(path), "--no-progress"]) == 1
+    assert "could not write" in capsys.readouterr().err
+
+
+# -- building blocks -----------------------------------------------------------------------
+
+
+def test_row_builder_turns_setup_failures_into_cells():
+    builder = RowBuilder("m", "us", ("a", "b", "c", "d"), "a", "b")
+
+    def unavailable():
+        raise SystemUnavailable("torch not installed")
+
+    def broken():
+        raise RuntimeError("bad\nsecond line")
+
+    assert builder.setup("a", lambda: 42) == 42
+    assert builder.setup("b", unavailable) is None
+    assert builder.setup("c", broken) is None
+    row = builder.build()
+    assert row.cells["b"] == NotAvailable("torch not installed")
+    assert row.cells["c"] == Failed("RuntimeError: bad")
+    assert row.cells["d"] == NotAvailable("not measured")
+    assert "a" not in row.cells or isinstance(row.cells["a"], NotAvailable)
+
+
+def test_row_builder_measure_interleaves_and_isolates_failures():
+    order = []
+
+    def make(name, value, fail_at=None):
+        def batch():
+            order.append(name)
+            if fail_at is not None and order.count(name) == fail_at:
+                raise RuntimeError(f"{name} failed")
+            return value
+        return batch
+
+    builder = RowBuilder("m", "us", ("a", "b", "c"), "a", "b")
+    builder.measure({"a": make("a", 1e-6), "b": make("b", 2e-6, fail_at=3), "c": None},
+                    repeats=4, scale=1e6, warmup=1)
+    row = builder.build()
+    assert order[:6] == ["a", "b", "a", "b", "a", "b"]
+    assert row.cells["a"] == Summary(1.0, 1.0, 1.0, 4)
+    assert row.cells["b"] == Failed("RuntimeError: b failed")
+    assert row.cells["c"] == NotAvailable("not measured")
+
+
+def test_interleave_drops_warmup_rounds():
+    values = iter(range(10))
+    samples = interleave({"x": lambda: next(values)}, repeats=3, warmup=2,
+                         on_error=lambda name, exc: None)
+    assert samples == {"x": [2, 3, 4]}
+
+
+def test_summarize_and_scale():
+    s = summarize([3.0, 1.0, 2.0, 10.0])
+    assert (s.median, s.min, s.max, s.repeats) == (2.5, 1.0, 10.0, 4)
+    assert s.scaled(1e3) == Summary(2500.0, 1000.0, 10000.0, 4)
+    with pytest.raises(ValueError, match="no samples"):
+        summarize([])
+
+
+def test_host_batch_synchronizes_around_the_batch():
+    events = []
+    per_call = host_batch(lambda: events.append("call"), 5, lambda: events.append("sync"))
+    assert events == ["sync"] + ["call"] * 5 + ["sync"]
+    assert per_call >= 0
+    events.clear()
+    host_batch(lambda: events.append("call"), 2, lambda: events.append("sync"),
+               include_sync=True)
+    assert events == ["sync", "call", "call", "sync"]
+
+
+def test_check_close_and_verify():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    expected = rng.standard_normal(100)
+    check_close(expected * (1 + 1e-7), expected, "same", tol=1e-6)
+    with pytest.raises(RuntimeError, match="relative error"):
+        check_close(expected + 1.0, expected, "shifted", tol=1e-3)
+    with pytest.raises(RuntimeError, match="NaN"):
+        check_close(np.full(100, np.nan), expected, "nan", tol=1e-3)
+    builder = RowBuilder("m", "us", ("a", "b"), "a", "b")
+    assert verify(builder, "a", lambda: None)
+    assert not verify(builder, "b", lambda: check_close(expected + 1, expected, "b", tol=1e-3))
+    assert isinstance(builder.build().cells["b"], Failed)
+
+
+def test_progress_lines_when_not_a_terminal():
+    stream = io.StringIO()
+    progress = runner.Progress(2, stream=stream)
+    progress.begin(0, "replay")
+    progress.step("capture")  # steps are drawn on terminals only
+    progress.end("done")
+    progress.close()
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "cugraphrt bench [1/2] replay ..."
+    assert lines[1].startswith("cugraphrt bench [1/2] replay done in ")
+
+
+def test_progress_bar_redraws_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stream = Terminal()
+    progress = runner.Progress(4, stream=stream)
+    progress.begin(1, "chain")
+    progress.step("measure")
+    progress.close()
+    text = stream.getvalue()
+    assert "\r[#####---------------] 2/4 chain: measure" in text
+    assert text.endswith("\r")
+
+
+def test_disabled_progress_prints_nothing():
+    stream = io.StringIO()
+    progress = runner.Progress(1, enabled=False, stream=stream)
+    progress.begin(0, "x")
+    progress.end("done")
+    progress.close()
+    assert stream.getvalue() == ""
+
+
+def test_plot_is_written_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    from cugraphrt.bench.render import write_plot
+
+    path = tmp_path / "bench.png"
+    write_plot(_demo_report(), path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_torch_workloads_without_torch_give_na_rows_not_crashes(monkeypatch):
+    from cugraphrt.bench import workloads_torch
+
+    def missing():
+        raise SystemUnavailable("torch not installed")
+
+    monkeypatch.setattr(workloads_torch, "torch_module", missing)
+    workloads = [w for w in runner.WORKLOADS
+                 if w.name in ("torch_infer", "torch_train", "capture_time")]
+    results = []
+    for workload in workloads:
+        ctx = Context(quick=True)
+        workload.run(ctx)
+        results.append((workload, ctx.rows, None))
+    pool_rows = workloads_torch.torch_pool_rows(Context(quick=True), (256, 512), (8, 8))
+    rows = [row for _, rows, _ in results for row in rows] + pool_rows
+    assert [r.metric for r in rows] == [
+        "mlp 4x512 b32", "convnet b32", "cpu-bound 16x128 b8", "mlp 4x512 b32 fwd+bwd",
+        "infer mlp 4x512 b32", "train mlp 4x512 b32", "torch mlp x8 reserved",
+        "torch mlp x8 device"]
+    for row in rows:
+        assert set(row.cells) == set(row.systems)
+        assert all(cell == NotAvailable("torch not installed") for cell in row.cells.values())
+    report = runner.build_report(results, workloads, created="t", device="d", versions={},
+                                 quick=True, elapsed_s=1.0)
+    assert not report.failed
+    assert "n/a (torch not installed)" in render_table(report)
+    assert {t.status for t in report.targets} == {"N/A"}
