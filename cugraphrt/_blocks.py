@@ -99,6 +99,7 @@ class BlockArena:
         self.active_bytes = 0
         self.peak_active_bytes = 0
         self.active_blocks = 0
+        self.marked_segments = 0  # segments a rolled-back capture left, to go back once free
 
     # -- allocation ------------------------------------------------------------------------
 
@@ -234,6 +235,8 @@ class BlockArena:
             Bytes released.
         """
         released = 0
+        if only_marked and not self.marked_segments:
+            return 0  # the common case, on every free: nothing to scan
         for segment in list(self.segments.values()):
             if only_marked and not segment.release_when_free:
                 continue
@@ -241,6 +244,8 @@ class BlockArena:
             if head is None or not head.is_free or head.size != segment.size:
                 continue
             self._unlist(head)
+            if segment.release_when_free:
+                self.marked_segments -= 1
             del self.segments[segment.ptr]
             self.reserved_bytes -= segment.size
             released += segment.size
@@ -251,8 +256,9 @@ class BlockArena:
     def mark_owned_segments(self, owner: Hashable) -> None:
         """Mark the segments a capture made the arena grow by, so they go back once free."""
         for segment in self.segments.values():
-            if segment.owner == owner:
+            if segment.owner == owner and not segment.release_when_free:
                 segment.release_when_free = True
+                self.marked_segments += 1
 
     def forget_owner(self, owner: Hashable) -> None:
         """A capture succeeded: its segments now belong to the pool like any other."""
@@ -313,3 +319,4 @@ class BlockArena:
         assert active + free == self.reserved_bytes, "reserved bytes do not add up"
         assert self.reserved_bytes == sum(s.size for s in self.segments.values())
         assert self.peak_active_bytes >= self.active_bytes
+        assert self.marked_segments == sum(s.release_when_free for s in self.segments.values())

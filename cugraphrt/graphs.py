@@ -277,6 +277,11 @@ class Graph:
 
     def _instantiate(self) -> None:
         handles = self._handles
+        if not handles.owned:
+            raise CaptureError(
+                "this graph's executable belongs to an adapter (got a torch-captured graph); "
+                "it is instantiated once by the adapter and cannot be re-instantiated"
+            )
         if handles.exec:
             _cuda.destroy_exec(handles.exec)
             handles.exec = 0
@@ -442,7 +447,11 @@ class graph:
     def __exit__(self, exc_type, exc, tb) -> bool:
         try:
             if exc is None:
-                self.cuda_graph.capture_end()
+                try:
+                    self.cuda_graph.capture_end()
+                except BaseException:
+                    self.cuda_graph._abort_capture()  # never leave a capture underway
+                    raise
                 return False
             self.cuda_graph._abort_capture(exc)
         finally:

@@ -24,6 +24,7 @@ import threading
 import weakref
 from collections.abc import Hashable
 
+from cupy.cuda import get_current_stream as _get_current_stream
 from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
@@ -264,9 +265,7 @@ class MemPool:
 
 def _current_stream_ptr() -> int:
     try:
-        from cupy.cuda import get_current_stream
-
-        return get_current_stream().ptr
+        return _get_current_stream().ptr
     except Exception:  # noqa: BLE001 - no device context in this thread: tag conservatively
         return -1
 

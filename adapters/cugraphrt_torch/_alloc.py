@@ -1,0 +1,183 @@
+"""Torch's memory during a capture comes from the cugraphrt pool.
+
+Torch allocates through its caching allocator. During a capture it routes every allocation
+of the capturing streams to a private pool (``torch.cuda.MemPool``); we give that pool a
+pluggable allocator whose two C callbacks, defined here with ctypes, carve *segments* out of
+the cugraphrt :class:`~cugraphrt.MemPool` of the capture underway. Torch then splits and
+caches those segments itself, as it does with ``cudaMalloc`` memory: the callbacks run
+only when torch's pool grows (a few times per capture) or gives a whole segment back.
+
+Ownership. Each segment is a CuPy ``MemoryPointer`` from ``MemPool._allocate``; it is kept in
+``_live`` until torch calls the free callback, so the cugraphrt pool can never reuse memory
+torch still holds (graph intermediates, outputs a caller kept). Torch frees a segment once it
+is unused and its pool is released (the last graph using it reset, the torch MemPool gone),
+on its next ``empty_cache``.
+
+One torch MemPool per cugraphrt pool (alive while a capture or a graph uses it), so graphs
+sharing a cugraphrt pool share torch's cache too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import threading
+import weakref
+
+from cugraphrt import _cuda
+from cugraphrt.errors import PoolOutOfMemoryError
+
+__all__ = ["register", "unregister", "pool_error", "torch_mempool", "retire", "allocator"]
+
+# void* alloc(size_t size, int device, cudaStream_t stream)
+# void free(void* ptr, size_t size, int device, cudaStream_t stream)
+# (torch's CUDAPluggableAllocator signatures, as in torch.cuda.memory._use_uvm)
+_ALLOC_FN = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+_FREE_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p)
+
+
+class _Underway:
+    """A torch capture underway: the core's Capture and the first pool error it met."""
+
+    __slots__ = ("capture", "error")
+
+    def __init__(self, capture) -> None:
+        self.capture = capture
+        self.error: BaseException | None = None
+
+
+_lock = threading.RLock()
+# capture id -> _Underway. A process-wide table, not thread-local: torch may allocate for a
+# capture from another thread (autograd's device threads run backward ops on the capturing
+# streams), and the callbacks get only the stream.
+_underway: dict[int, _Underway] = {}
+# segment address -> the CuPy MemoryPointer that keeps it out of the cugraphrt pool's reach
+_live: dict[int, object] = {}
+
+
+def register(capture) -> None:
+    """Let torch's allocations for ``capture`` (a cugraphrt Capture) come from its pool."""
+    with _lock:
+        _underway[capture.capture_id] = _Underway(capture)
+
+
+def unregister(capture) -> None:
+    """Stop serving ``capture``; used as the Capture's finish hook (never raises)."""
+    with _lock:
+        entry = _underway.get(capture.capture_id)
+        if entry is not None and entry.capture is capture:
+            del _underway[capture.capture_id]
+
+
+def pool_error(capture) -> BaseException | None:
+    """The pool error (out of memory) the allocator met for ``capture``, if any."""
+    entry = _underway.get(capture.capture_id)
+    return entry.error if entry is not None and entry.capture is capture else None
+
+
+def _entry_for(stream: int | None) -> _Underway | None:
+    entries = tuple(_underway.values())
+    if len(entries) == 1:
+        # Torch only routes allocations to a pool built on this allocator while one of our
+        # captures is underway: with one capture there is nothing to look up.
+        return entries[0]
+    if not entries or not stream or stream in (1, 2):
+        return None  # never query the legacy stream: that would break a global capture
+    status, capture_id = _cuda.capture_info(stream)
+    if status == _cuda.STATUS_NONE:
+        return None
+    return _underway.get(capture_id)
+
+
+def _on_alloc(size: int, device: int, stream: int | None) -> int | None:
+    """Torch's pool grows: hand it a segment of the capture's pool, or NULL."""
+    collecting = gc.isenabled()
+    # A collection here could free torch tensors and re-enter torch's allocator, which is
+    # in the middle of this allocation (it holds its lock).
+    gc.disable()
+    try:
+        entry = _entry_for(stream)
+        if entry is None:
+            return None
+        capture = entry.capture
+        pool = capture.pool
+        if device != pool.device_id:
+            return None
+        try:
+            memory = pool._allocate(int(size), int(stream or 0), capture.token)
+        except PoolOutOfMemoryError as exc:
+            if entry.error is None:
+                entry.error = exc
+            return None
+        _live[memory.ptr] = memory
+        return memory.ptr
+    except BaseException:  # noqa: BLE001 - nothing may propagate into C; NULL means failure
+        return None
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _on_free(ptr: int | None, size: int, device: int, stream: int | None) -> None:
+    """Torch gives a whole segment back: the cugraphrt pool may reuse it."""
+    try:
+        _live.pop(ptr or 0, None)
+    except BaseException:  # noqa: BLE001 - nothing may propagate into C
+        pass
+
+
+# Module-level for the life of the process: the C allocator keeps these addresses, and torch
+# may call them until its last pool built on them is gone.
+_C_ALLOC = _ALLOC_FN(_on_alloc)
+_C_FREE = _FREE_FN(_on_free)
+_allocator = None
+
+
+def allocator():
+    """The process's torch pluggable allocator built on the callbacks (created once)."""
+    global _allocator
+    if _allocator is None:
+        with _lock:
+            if _allocator is None:
+                import torch
+
+                alloc_ptr = ctypes.cast(_C_ALLOC, ctypes.c_void_p).value
+                free_ptr = ctypes.cast(_C_FREE, ctypes.c_void_p).value
+                _allocator = torch._C._cuda_customAllocator(alloc_ptr, free_ptr)
+    return _allocator
+
+
+# cugraphrt MemPool -> weak reference to its torch MemPool. Weak both ways: the segments in
+# _live keep the cugraphrt pool alive, so a strong value here would keep it forever.
+_mempools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def torch_mempool(pool):
+    """The torch MemPool serving ``pool`` (a cugraphrt MemPool), created on first use.
+
+    The caller keeps it alive (captures and graphs hold it); once none does, torch releases
+    its segments back to ``pool``.
+    """
+    import torch
+
+    with _lock:
+        ref = _mempools.get(pool)
+        mempool = ref() if ref is not None else None
+        if mempool is None:
+            with torch.cuda.device(pool.device_id):
+                mempool = torch.cuda.MemPool(allocator())
+            try:
+                _mempools[pool] = weakref.ref(mempool)
+            except TypeError:  # a torch whose MemPool takes no weak references
+                _mempools[pool] = lambda kept=mempool: kept
+        return mempool
+
+
+def retire(pool) -> None:
+    """Forget ``pool``'s torch MemPool: the next capture gets a fresh one.
+
+    Used when torch's allocator may still believe a capture into the old one is underway
+    (a failed capture that could not be ended cleanly): a fresh pool id avoids that state.
+    """
+    with _lock:
+        _mempools.pop(pool, None)

@@ -1,0 +1,257 @@
+"""Gradients handed to autograd never stay aliases of buffers a replay overwrites.
+
+The backward graph writes each input's gradient into a static buffer. Returning that buffer
+costs nothing, but autograd may keep it: ``AccumulateGrad`` adopts an incoming gradient as
+``param.grad`` when ``.grad`` is None (it "steals" it instead of copying), and
+``torch.autograd.grad`` or a tensor hook hands it to the user. The next replay of a graph that
+writes the buffer then changes that ``.grad`` behind autograd's back: a second backward before
+``optimizer.step()`` accumulates the new gradient onto itself (PyTorch issue 181723).
+
+Copying every gradient on every backward would fix that at the price of one kernel and one
+allocation per parameter per step. Instead we copy only what is really kept, and only at the
+last moment: **copy-on-overwrite**.
+
+* A backward returns fresh tensor objects over the static buffers (as torch does) and notes,
+  per buffer, which objects it handed out (weak references) in the pool's :class:`AliasGuard`.
+* Before any replay that can overwrite a noted buffer, the guard reads the buffer's storage
+  reference count (one C call, no allocation). Equal to the count the graphed callable itself
+  accounts for: nothing kept it, no copy — the usual loop, whose ``zero_grad(set_to_none=True)``
+  dropped last step's ``.grad`` first.
+* Higher: someone kept an alias. The known holders — the ``.grad`` of the parameters and leaf
+  inputs the gradient went to, and the handed-out objects themselves (what
+  ``autograd.grad`` returns and hooks receive) — are moved to a private copy in place
+  (``t.data = t.clone()``), so every reference to them stays valid and stops aliasing. That
+  is one copy per kept gradient per accumulation window, the copy eager autograd would have
+  made when accumulating.
+* If the count is still high, an unknown object (a view a hook kept) holds the buffer: we
+  warn and return that gradient as a copy from then on.
+
+Which replays can overwrite a buffer? Memory a capture allocated stays the graph's as long as
+its tensors live, so later captures into the pool never get it; earlier captures may have used
+it as scratch. Hence a replay of the graph captured ``seq``-th can overwrite the outputs of the
+graphs captured at or after ``seq`` in the same pool, and the guard settles only those.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
+
+_use_count = getattr(torch._C, "_storage_Use_Count", None)
+_ref = weakref.ref
+
+
+def use_count_available() -> bool:
+    """Whether storage reference counts can be read (else gradients are always copied)."""
+    return _use_count is not None
+
+
+def _storage_id(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor.untyped_storage()._cdata
+    except Exception:  # noqa: BLE001 - sparse and other storage-less tensors alias nothing
+        return None
+
+
+class AliasGuard:
+    """Per memory pool: the gradients handed out and not yet checked, by capture order."""
+
+    __slots__ = ("pending", "max_seq", "_next", "__weakref__")
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[int, GradBuffers, tuple, tuple]] = []
+        self.max_seq = -1  # highest seq in pending; -1 when empty (the replay fast path)
+        self._next = 0
+
+    def next_seq(self) -> int:
+        """The capture-order number of the next graph captured into the pool."""
+        seq = self._next
+        self._next += 1
+        return seq
+
+    def record(self, seq: int, buffers: GradBuffers, handed: tuple, leaves: tuple) -> None:
+        """Note what a backward of the graph ``seq`` handed out."""
+        self.pending.append((seq, buffers, handed, leaves))
+        if seq > self.max_seq:
+            self.max_seq = seq
+
+    def settle(self, seq: int) -> None:
+        """Before a replay of graph ``seq``: check every noted buffer it may overwrite.
+
+        Callers test ``guard.max_seq >= seq`` first, so the common replay pays one compare.
+        """
+        keep = []
+        for entry in self.pending:
+            if entry[0] >= seq:
+                entry[1].settle(entry[2], entry[3])
+            else:
+                keep.append(entry)
+        self.pending = keep
+        self.max_seq = max((entry[0] for entry in keep), default=-1)
+
+
+_guards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def guard_for(pool) -> AliasGuard:
+    """The guard of a cugraphrt MemPool (graphs sharing a pool share one)."""
+    guard = _guards.get(pool)
+    if guard is None:
+        guard = _guards[pool] = AliasGuard()
+    return guard
+
+
+class GradBuffers:
+    """The static gradient buffers of one backward graph and how they are handed out.
+
+    Parameters
+    ----------
+    slots : sequence of (int, Tensor, Tensor or None, str)
+        Per gradient: its position in the tuple backward returns, the static buffer, the
+        parameter it belongs to (None for an argument) and a name for messages.
+    held : sequence of Tensor
+        Every tensor the graphed callable keeps (static inputs, outputs, gradient buffers):
+        the references a storage count must allow for.
+    name : str
+        The callable's name, for messages.
+    """
+
+    def __init__(self, slots: Sequence[tuple], held: Sequence[torch.Tensor], name: str) -> None:
+        self.name = name
+        self.positions = tuple(s[0] for s in slots)
+        self.buffers = tuple(s[1] for s in slots)
+        self.params = tuple(s[2] for s in slots)
+        self.labels = tuple(s[3] for s in slots)
+        self.copy = [_use_count is None] * len(slots)
+        self._any_copy = any(self.copy)
+        self.storages: list[tuple[int, int, tuple[int, ...]]] = []
+        if _use_count is None:
+            return
+        members: dict[int, list[int]] = {}
+        for j, buffer in enumerate(self.buffers):
+            key = _storage_id(buffer)
+            if key is None:
+                self.copy[j] = True
+            else:
+                members.setdefault(key, []).append(j)
+        for key, group in members.items():
+            baseline = _baseline(key, held)
+            if baseline is None:
+                for j in group:  # the count does not behave as expected: copy instead
+                    self.copy[j] = True
+            else:
+                self.storages.append((key, baseline, tuple(group)))
+        self._any_copy = any(self.copy)
+
+    def hand_out(self, result: list) -> tuple:
+        """Put this backward's gradients into ``result``; returns what to watch."""
+        if self.any_copy:
+            return self._hand_out_copies(result)
+        tensors = [buffer.data for buffer in self.buffers]
+        for position, tensor in zip(self.positions, tensors):
+            result[position] = tensor
+        return tuple(map(_ref, tensors))
+
+    def _hand_out_copies(self, result: list) -> tuple:
+        handed = []
+        for j, buffer in enumerate(self.buffers):
+            if self.copy[j]:
+                result[self.positions[j]] = buffer.clone()
+                handed.append(None)
+            else:
+                tensor = buffer.data
+                result[self.positions[j]] = tensor
+                handed.append(_ref(tensor))
+        return tuple(handed)
+
+    @property
+    def any_copy(self) -> bool:
+        """Whether some gradient is returned as a copy (the slow path of hand_out)."""
+        return self._any_copy
+
+    def settle(self, handed: tuple, leaves: tuple) -> None:
+        """Move every kept alias of the buffers to its own memory before they are overwritten.
+
+        ``handed`` holds weak references to the tensors a backward returned, ``leaves`` weak
+        references to the argument tensors whose ``.grad`` may have adopted them (one per slot,
+        None for parameters).
+        """
+        for key, baseline, group in self.storages:
+            if _use_count(key) <= baseline:
+                continue
+            for j in group:
+                self._relocate(key, self._holders(j, handed, leaves))
+            if _use_count(key) > baseline:
+                self._give_up(group, _use_count(key) - baseline)
+
+    def _holders(self, j: int, handed: tuple, leaves: tuple) -> list:
+        holders = []
+        param = self.params[j]
+        if param is not None:
+            holders.append(param.grad)
+        elif leaves and leaves[j] is not None:
+            leaf = leaves[j]()
+            if leaf is not None:
+                holders.append(leaf.grad)
+        if handed and handed[j] is not None:
+            holders.append(handed[j]())
+        return holders
+
+    @staticmethod
+    def _relocate(key: int, holders: list) -> None:
+        for tensor in holders:
+            if tensor is not None and _storage_id(tensor) == key:
+                # In place on the tensor object: every reference to it (param.grad, a list the
+                # user kept) now sees a private copy with the same values.
+                tensor.data = tensor.clone()
+
+    def _give_up(self, group: tuple[int, ...], extra: int) -> None:
+        for j in group:
+            self.copy[j] = True
+        self._any_copy = True
+        names = ", ".join(self.labels[j] for j in group)
+        warnings.warn(
+            f"a gradient that graphed callable {self.name} returned for {names} is still "
+            f"referenced when the next replay overwrites it (got {extra} reference(s) besides "
+            f".grad and the returned tensors, such as a view kept by a hook); that holder now "
+            f"sees new values. These gradients are returned as copies from now on; clone "
+            f"gradients you keep across steps to avoid this warning",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _baseline(key: int, held: Sequence[torch.Tensor]) -> int | None:
+    """The storage count of ``key`` with no alias outside the graphed callable, or None.
+
+    Counted, not only measured: a temporary of the capture still alive now (waiting for the
+    garbage collector) would raise a measured baseline, and an alias of the same size would
+    then go unseen. A storage is referenced once per tensor over it (views add their base)
+    plus once by its Python object, which ``_storage_id`` created. The smaller of counted and
+    measured is used: too low only costs a check, too high could lose a gradient.
+    """
+    owners = {}
+    for tensor in held:
+        if tensor is None or _storage_id(tensor) != key:
+            continue
+        owners[id(tensor)] = tensor
+        base = tensor._base
+        if base is not None:
+            owners[id(base)] = base
+    counted = len(owners) + 1
+    measured = _use_count(key)
+    baseline = min(counted, measured)
+    # Self-test of the mechanism on this torch build: one alias must add exactly one.
+    if not owners:
+        return None
+    probe = next(iter(owners.values())).data
+    seen = _use_count(key)
+    del probe
+    if seen != measured + 1 or _use_count(key) != measured:
+        return None
+    return baseline

@@ -1,0 +1,136 @@
+"""Small helpers around torch's CUDA runtime: availability, streams shared with CuPy.
+
+Everything here is looked up lazily, so the package imports on a CPU-only build of torch and
+fails with a clear message only when a CUDA feature is used.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import cupy
+import torch
+
+from cugraphrt.errors import CugraphrtError
+
+__all__ = [
+    "require_cuda",
+    "torch_stream_for",
+    "cupy_stream_for",
+    "current_torch_stream_ptr",
+    "stream_handle",
+    "stream_pair",
+]
+
+_lock = threading.Lock()
+_checked = False
+# ExternalStream wrappers are cheap but not free to build; the same few streams come back
+# on every replay, so keep them. Keyed by (handle, device); bounded because a handle value
+# can be reused by a new stream after the old one is destroyed (the wrapper stays valid:
+# it is only the handle).
+_torch_streams: dict[tuple[int, int], object] = {}
+_cupy_streams: dict[tuple[int, int], cupy.cuda.ExternalStream] = {}
+_CACHE_LIMIT = 64
+
+
+def require_cuda(what: str) -> None:
+    """Raise a CugraphrtError unless torch can run CUDA work with a pluggable allocator.
+
+    Parameters
+    ----------
+    what : str
+        The feature asked for, for the message.
+    """
+    global _checked
+    if _checked:
+        return
+    available = bool(getattr(torch.cuda, "is_available", lambda: False)())
+    if not available or not hasattr(torch._C, "_cuda_customAllocator"):
+        raise CugraphrtError(
+            f"{what} needs a CUDA build of PyTorch and a visible GPU (got torch "
+            f"{torch.__version__}, torch.cuda.is_available() = {available}); install a CUDA "
+            f"build of torch (pip install torch) and run on a machine with an NVIDIA GPU"
+        )
+    if not hasattr(torch.cuda, "MemPool"):
+        raise CugraphrtError(
+            f"{what} needs torch.cuda.MemPool (got torch {torch.__version__}); upgrade to "
+            f"torch >= 2.8"
+        )
+    # Initialize torch's CUDA state now: doing it lazily inside a capture would call
+    # cudaMalloc and friends, which capture forbids.
+    torch.cuda.init()
+    _checked = True
+
+
+def torch_stream_for(ptr: int, device: int):
+    """A torch stream object for the raw stream handle ``ptr`` on ``device``."""
+    if ptr == 0:
+        return torch.cuda.default_stream(device)
+    key = (ptr, device)
+    stream = _torch_streams.get(key)
+    if stream is None:
+        with _lock:
+            if len(_torch_streams) >= _CACHE_LIMIT:
+                _torch_streams.clear()
+            stream = _torch_streams[key] = torch.cuda.ExternalStream(ptr, device=device)
+    return stream
+
+
+def cupy_stream_for(ptr: int, device: int) -> cupy.cuda.Stream:
+    """A CuPy stream object for the raw stream handle ``ptr`` on ``device``."""
+    if ptr == 0:
+        return cupy.cuda.Stream.null
+    key = (ptr, device)
+    stream = _cupy_streams.get(key)
+    if stream is None:
+        with _lock:
+            if len(_cupy_streams) >= _CACHE_LIMIT:
+                _cupy_streams.clear()
+            stream = _cupy_streams[key] = cupy.cuda.ExternalStream(ptr, device)
+    return stream
+
+
+def current_torch_stream_ptr(device: int) -> int:
+    """The raw handle of torch's current stream on ``device``.
+
+    ``torch._C._cuda_getCurrentRawStream`` (what Inductor's generated code calls) avoids
+    building a Stream object; fall back to the public API where it is missing.
+    """
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return int(raw(device))
+    return int(torch.cuda.current_stream(device).cuda_stream)
+
+
+def stream_handle(stream) -> int:
+    """The raw handle of a CuPy stream, a torch stream or an int."""
+    if isinstance(stream, int):
+        return stream
+    handle = getattr(stream, "cuda_stream", None)  # torch.cuda.Stream
+    if handle is None:
+        handle = stream.ptr  # cupy.cuda.Stream; AttributeError for anything else
+    return int(handle)
+
+
+def stream_pair(stream, device: int) -> tuple[cupy.cuda.Stream, object]:
+    """The same CUDA stream seen by CuPy and by torch.
+
+    Parameters
+    ----------
+    stream : None, cupy.cuda.Stream or torch.cuda.Stream
+        None picks cugraphrt's per-thread default capture stream.
+    device : int
+        The current device.
+
+    Returns
+    -------
+    (cupy stream, torch stream)
+    """
+    if stream is None:
+        from cugraphrt import default_capture_stream
+
+        cupy_stream = default_capture_stream()
+        return cupy_stream, torch_stream_for(cupy_stream.ptr, device)
+    if isinstance(stream, torch.cuda.Stream):
+        return cupy_stream_for(int(stream.cuda_stream), device), stream
+    return stream, torch_stream_for(int(stream.ptr), device)

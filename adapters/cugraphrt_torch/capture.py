@@ -1,0 +1,354 @@
+"""cugraphrt_torch.graph: capture torch work (and CuPy work on the same stream) into a Graph.
+
+Design. The CUDA-level capture is torch's own ``torch.cuda.CUDAGraph(keep_graph=True)``,
+begun and ended through the core's adapter hooks (``Graph._begin(start=...)``,
+``Graph._end(finish=...)``, ``Graph._adopt``), on one stream that is current for both CuPy
+and torch. Torch must own the capture: only its ``capture_begin``/``replay`` make the CUDA
+RNG graph-safe (a fresh philox offset on every replay), and only its ``capture_begin`` tells
+its caching allocator which pool to allocate from. That pool is a ``torch.cuda.MemPool``
+whose segments come from the cugraphrt pool (see :mod:`cugraphrt_torch._alloc`), and CuPy's
+allocations go to the same cugraphrt pool through the core's router.
+
+Failures. Torch skips its allocator bookkeeping when ``capture_end`` fails (the pool stays
+"being recorded to", and the next capture into it fails). To end torch's capture cleanly
+after any failure, we end the broken CUDA capture ourselves, begin an empty one on the same
+stream and let torch end *that*, then reset its graph (see :meth:`_Session.unwind`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+
+import cupy
+
+from cugraphrt import _cuda
+from cugraphrt import pool as _pool_module
+from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayError
+from cugraphrt.graphs import Graph, _resolve_pool
+from cugraphrt.options import CaptureOptions, validate_options
+from cugraphrt.pool import MemPool
+
+from . import _alloc, _errors, _torch
+
+__all__ = ["graph"]
+
+_current_cupy_stream = cupy.cuda.get_current_stream
+# Torch graphs whose capture could not be ended cleanly: torch's allocator may still hold a
+# filter that points into them, so they must never be destroyed.
+_stranded: list = []
+
+
+class graph:
+    """Context manager that captures torch (and CuPy) work of its block into a Graph.
+
+    On entry it synchronizes the device, makes one side stream current for both CuPy and
+    torch, and begins a capture owned by a ``torch.cuda.CUDAGraph``. Inside the block every
+    allocation torch or CuPy makes comes from the cugraphrt pool, and torch's CUDA RNG is
+    graph-safe: each replay draws fresh numbers, exactly those an eager run would draw from
+    the same generator state. On a normal exit the capture ends and ``cuda_graph`` holds the
+    graph; if the block raises, the capture is rolled back, the streams are restored, and an
+    error caused by an operation capture forbids comes out as :class:`cugraphrt.CaptureError`
+    naming it, chained from the original.
+
+    Parameters
+    ----------
+    cuda_graph : cugraphrt.Graph
+        The graph to capture into. Its :meth:`~cugraphrt.Graph.replay` replays through
+        torch, on CuPy's current stream by default (or the ``stream`` given).
+    pool : cugraphrt.MemPool, optional
+        Pool for the capture; a private one if omitted. One pool may serve CuPy-only and
+        torch graphs alike.
+    stream : cupy.cuda.Stream or torch.cuda.Stream, optional
+        Capture stream (non-default). cugraphrt's per-thread capture stream by default.
+    capture_error_mode : {"global", "thread_local", "relaxed"}
+        See :class:`cugraphrt.options.CaptureOptions`.
+
+    Attributes
+    ----------
+    torch_graph : torch.cuda.CUDAGraph or None
+        The torch graph that owns the capture, after a successful exit.
+
+    Examples
+    --------
+    >>> g = cugraphrt.Graph()
+    >>> with cugraphrt_torch.graph(g):
+    ...     y = torch.nn.functional.dropout(model(x), 0.1)
+    >>> x.copy_(new_input); g.replay()      # y holds the new result
+
+    .. seealso:: ``torch.cuda.graph``, ``cudaStreamBeginCapture``
+    """
+
+    def __init__(self, cuda_graph: Graph, pool: MemPool | None = None, stream=None,
+                 capture_error_mode: str = "global") -> None:
+        if not isinstance(cuda_graph, Graph):
+            raise OptionsError("cuda_graph", cuda_graph, "a cugraphrt.Graph")
+        validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
+        if pool is not None and not isinstance(pool, MemPool):
+            raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
+        if stream is not None and not (hasattr(stream, "ptr") or hasattr(stream, "cuda_stream")):
+            raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream or None")
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.capture_error_mode = capture_error_mode
+        self.stream = stream
+        self.torch_graph = None
+        self._replay: _Replay | None = None
+        self._session: _Session | None = None
+        self._contexts: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> graph:
+        _torch.require_cuda("cugraphrt_torch.graph()")
+        import torch
+
+        device = cupy.cuda.runtime.getDevice()
+        cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
+        cupy.cuda.runtime.deviceSynchronize()
+        contexts = contextlib.ExitStack()
+        contexts.enter_context(torch.cuda.device(device))
+        contexts.enter_context(cupy_stream)
+        contexts.enter_context(torch.cuda.stream(torch_stream))
+        try:
+            self._session = _Session.begin(self.cuda_graph, self.pool, self.capture_error_mode,
+                                           torch_stream, device)
+        except BaseException:
+            contexts.close()
+            raise
+        self._contexts = contexts
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        session, self._session = self._session, None
+        contexts, self._contexts = self._contexts, None
+        try:
+            if exc is None:
+                self.torch_graph = session.end()
+                self._replay = session.replay
+                return False
+            session.abort(exc)
+        finally:
+            contexts.close()
+        translated = session.error_for(exc)
+        if translated is not None and translated is not exc:
+            raise translated from exc
+        return False
+
+
+class _Session:
+    """One torch capture into a cugraphrt Graph, from begin to adopt or roll-back."""
+
+    def __init__(self, cuda_graph: Graph, pool: MemPool, torch_stream, device: int) -> None:
+        import torch
+
+        self.cuda_graph = cuda_graph
+        self.pool = pool
+        self.torch_stream = torch_stream
+        self.stream_ptr = int(torch_stream.cuda_stream)
+        self.device = device
+        self.mempool = _alloc.torch_mempool(pool)
+        try:
+            self.torch_graph = torch.cuda.CUDAGraph(keep_graph=True)
+        except TypeError as exc:
+            raise CugraphrtError(
+                f"cugraphrt_torch needs torch.cuda.CUDAGraph(keep_graph=True) (got torch "
+                f"{torch.__version__}); upgrade to torch >= 2.8"
+            ) from exc
+        self.capture = None
+        self.pool_error: BaseException | None = None
+
+    @classmethod
+    def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _Session:
+        session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
+        capture = cuda_graph._begin(session.pool, mode, start=session._start)
+        session.capture = capture
+        _alloc.register(capture)
+        capture.finish_hooks.append(_alloc.unregister)
+        capture.abort_hooks.append(session._on_abort)
+        return session
+
+    def _start(self, stream, mode: str) -> None:
+        """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
+        try:
+            self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
+            return
+        except RuntimeError as exc:
+            if "already recording" not in str(exc):
+                self._strand()
+                raise CaptureError(
+                    f"torch could not begin the capture (got: {str(exc).strip()}); make sure "
+                    f"no other capture runs on stream 0x{self.stream_ptr:x}"
+                ) from exc
+        # An earlier capture into this pool failed in a way torch could not clean up: its
+        # pool id is still marked as recording. Start over with a fresh torch pool.
+        import torch
+
+        self._strand()
+        self.mempool = _alloc.torch_mempool(self.pool)
+        self.torch_graph = torch.cuda.CUDAGraph(keep_graph=True)
+        self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
+
+    def _finish(self, capture) -> int:
+        """The CUDA-level end, by torch; returns the raw cudaGraph_t."""
+        try:
+            with warnings.catch_warnings():
+                # The core warns about an empty graph itself.
+                warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
+                self.torch_graph.capture_end()
+        except Exception as exc:  # noqa: BLE001 - any failure must leave torch clean
+            self.unwind()
+            translated = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()")
+            if translated is None:
+                translated = CaptureError(f"torch could not end the capture (got: {exc}); "
+                                          f"see the chained exception")
+            raise translated from exc
+        return int(self.torch_graph.raw_cuda_graph())
+
+    def end(self):
+        """End the capture, instantiate through torch and hand the graph to the Graph."""
+        cuda_graph = self.cuda_graph
+        try:
+            raw_graph = cuda_graph._end(finish=self._finish, instantiate=False)
+        except CugraphrtError as exc:
+            if cuda_graph._capture is not None:  # still underway: e.g. a stream switched
+                cuda_graph._abort_capture(exc)
+            raise
+        replay = _Replay(self.torch_graph.replay, cuda_graph._handles, self.device)
+        owner = _Owner(self.torch_graph, self.mempool, replay)
+        try:
+            self.torch_graph.instantiate()
+            exec_handle = int(self.torch_graph.raw_cuda_graph_exec())
+        except Exception as exc:  # noqa: BLE001
+            cuda_graph._adopt(owner, raw_graph, 0)  # torch owns the handles: let it free them
+            cuda_graph.reset()
+            raise CaptureError(f"torch could not instantiate the captured graph (got: {exc}); "
+                               f"see the chained exception") from exc
+        cuda_graph._adopt(owner, raw_graph, exec_handle, replay=replay)
+        self.replay = replay
+        self.capture = None  # the Capture's hooks point back here: let both go now
+        return self.torch_graph
+
+    def abort(self, exc: BaseException) -> None:
+        self.cuda_graph._abort_capture(exc)  # runs _on_abort first, then rolls back
+        self.capture = None
+
+    def _on_abort(self, capture) -> None:
+        # Read before the finish hooks unregister the capture from the allocator.
+        self.pool_error = _alloc.pool_error(capture)
+        self.unwind()
+
+    def error_for(self, exc: BaseException) -> BaseException | None:
+        """What the caller sees for ``exc``: a pool error behind a torch OOM, or a CaptureError."""
+        if self.pool_error is not None:
+            return self.pool_error
+        return _errors.capture_error(exc)
+
+    def unwind(self) -> None:
+        """Leave torch as if the capture had never begun; never raises.
+
+        Ends whatever capture is active on the stream, begins an empty one and lets torch's
+        ``capture_end`` end it: that runs torch's own bookkeeping (allocator pools, RNG
+        capture state) that a failed end skips. Then torch's graph is reset.
+        """
+        import torch
+
+        ptr = self.stream_ptr
+        done = False
+        try:
+            _cuda.abandon_capture(ptr)
+            _cuda.begin_capture(ptr, "relaxed")
+            try:
+                with torch.cuda.stream(self.torch_stream), warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    self.torch_graph.capture_end()
+            finally:
+                _cuda.abandon_capture(ptr)
+            self.torch_graph.reset()
+            done = True
+        except Exception:  # noqa: BLE001 - fall back to a fresh torch pool next time
+            pass
+        if not done:
+            self._strand()
+
+    def _strand(self) -> None:
+        """Give up on this torch graph and its torch pool; never raises."""
+        import torch
+
+        _stranded.append(self.torch_graph)
+        _alloc.retire(self.pool)
+        try:  # torch's allocator may still route allocations to the old pool: stop that
+            torch._C._cuda_endAllocateToPool(self.device, self.mempool.id)
+        except Exception:  # noqa: BLE001 - it was not recording: nothing to stop
+            pass
+
+
+class _Owner:
+    """What an adopted Graph keeps alive: torch's graph, then the torch pool it used.
+
+    Released in that order, so that when the pool's last user goes, torch's MemPool is
+    destroyed after the graph and returns the segments to the cugraphrt pool at once. The
+    replay object is disarmed first: a GraphedModule may still hold it.
+    """
+
+    __slots__ = ("torch_graph", "mempool", "replay")
+
+    def __init__(self, torch_graph, mempool, replay) -> None:
+        self.torch_graph = torch_graph
+        self.mempool = mempool
+        self.replay = replay
+
+    def __del__(self) -> None:
+        replay, self.replay = self.replay, None
+        if replay is not None:
+            replay._replay = _replay_after_reset
+        self.torch_graph = None
+        self.mempool = None
+
+
+def _replay_after_reset() -> None:
+    raise ReplayError("replay after the graph was reset (got a released torch graph); capture "
+                      "the work again")
+
+
+class _Replay:
+    """Graph.replay for an adopted torch graph: torch's replay on the requested stream.
+
+    Torch's replay must run with the replay stream current in torch: it writes the RNG
+    offsets for this replay on torch's current stream, then launches there.
+    """
+
+    __slots__ = ("_replay", "_handles", "_device")
+
+    def __init__(self, torch_replay, handles, device: int) -> None:
+        self._replay = torch_replay
+        self._handles = handles
+        self._device = device
+
+    def __call__(self, stream=None) -> None:
+        if stream is None:
+            ptr = _current_cupy_stream().ptr
+        else:
+            try:
+                ptr = _torch.stream_handle(stream)
+            except AttributeError:
+                raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream, "
+                                   "an int handle, or None for CuPy's current stream") from None
+        checked = _pool_module._checks_enabled
+        if checked:
+            pool, seq = self._handles.pool, self._handles.seq
+            pool._check_replay(seq, ptr)
+        if _torch.current_torch_stream_ptr(self._device) == ptr:
+            self._replay()
+        else:
+            import torch
+
+            with torch.cuda.stream(_torch.torch_stream_for(ptr, self._device)):
+                self._replay()
+        if checked:
+            pool._note_replay(seq, ptr)
+
+    def on_torch_stream(self) -> None:
+        """Replay on torch's current stream (what graph_module calls)."""
+        if _pool_module._checks_enabled:
+            self(_torch.current_torch_stream_ptr(self._device))
+        else:
+            self._replay()

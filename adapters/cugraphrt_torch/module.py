@@ -1,0 +1,238 @@
+"""graph_module: a torch module's inference forward as a replayed CUDA graph."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import cupy
+import torch
+
+from cugraphrt import _tree
+from cugraphrt import pool as _pool_module
+from cugraphrt.errors import OptionsError, ReplayError
+from cugraphrt.graphs import Graph, default_capture_stream
+from cugraphrt.options import MakeGraphedOptions, validate_options
+from cugraphrt.pool import MemPool
+
+from . import _torch
+from .capture import graph
+
+__all__ = ["graph_module", "GraphedModule"]
+
+_Tensor = torch.Tensor
+
+
+def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None = None,
+                 num_warmup_iters: int = 3, copy_outputs: bool = False,
+                 strict: bool = False) -> GraphedModule:
+    """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
+
+    The sample tensors become the graph's static inputs. Each call copies its tensors into
+    them (no copy for a tensor that already is the static input, by ``data_ptr``), replays
+    the graph with torch's own ``CUDAGraph.replay()`` on torch's current stream, and returns
+    the static outputs.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        On a CUDA device. Its ``training`` flag at capture time is part of the graph.
+    sample_args : torch.Tensor or tuple of torch.Tensor
+        CUDA tensors on one device, shaped like every later call's arguments.
+    pool : cugraphrt.MemPool, optional
+        Pool for the capture; a private one if omitted.
+    num_warmup_iters : int, default 3
+        Eager runs, under ``torch.no_grad()``, on the capture stream before capture
+        (kernel selection, library handles and workspaces for that stream).
+    copy_outputs : bool, default False
+        Return clones of the outputs. By default the static outputs are returned, and the
+        next call overwrites them.
+    strict : bool, default False
+        Raise :class:`cugraphrt.ReplayError` for a call that does not match the capture
+        (argument count, shape, dtype or device, or a changed ``training`` flag) instead of
+        running it eagerly with a one-time warning naming the reason.
+
+    Returns
+    -------
+    GraphedModule
+
+    Raises
+    ------
+    OptionsError
+        For a bad argument.
+    CaptureError
+        If the forward does something capture forbids (host syncs, data-dependent shapes).
+    """
+    options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
+                               copy_outputs=copy_outputs)
+    if not isinstance(strict, bool):
+        raise OptionsError("strict", strict, "allowed values are True and False")
+    if not isinstance(module, torch.nn.Module):
+        raise OptionsError("module", type(module).__name__, "a torch.nn.Module")
+    args = _sample_tuple(sample_args)
+    device = _sample_device(module, args)
+    _torch.require_cuda("cugraphrt_torch.graph_module()")
+    with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
+            cupy.cuda.Device(device):
+        # Inference tensors cannot be written outside inference mode: own plain copies.
+        static = tuple(a.clone() if a.is_inference() else a for a in args)
+        _warm_up(module, static, options.num_warmup_iters, device)
+        cuda_graph = Graph()
+        capture = graph(cuda_graph, pool=pool)
+        with capture:
+            outputs = module(*static)
+    return GraphedModule(module, cuda_graph, capture, static, outputs, options.copy_outputs,
+                         strict)
+
+
+def _sample_tuple(sample_args) -> tuple:
+    args = (sample_args,) if isinstance(sample_args, _Tensor) else sample_args
+    if not isinstance(args, (tuple, list)) or not args:
+        raise OptionsError("sample_args", type(sample_args).__name__,
+                           "a CUDA tensor or a non-empty tuple of CUDA tensors")
+    for index, value in enumerate(args):
+        if not isinstance(value, _Tensor):
+            raise OptionsError("sample_args", f"args[{index}] of type {type(value).__name__}",
+                               "CUDA tensors only; bind other arguments with "
+                               "functools.partial or a wrapper module")
+    return tuple(args)
+
+
+def _sample_device(module: torch.nn.Module, args: tuple) -> int:
+    devices = {a.device for a in args}
+    if len(devices) != 1 or next(iter(devices)).type != "cuda":
+        raise OptionsError("sample_args", ", ".join(sorted(str(d) for d in devices)),
+                           "tensors on one CUDA device; move them with .cuda()")
+    device = next(iter(devices))
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if tensor.device != device:
+            raise OptionsError("module", f"{name} on {tensor.device}",
+                               f"a module on {device}, like sample_args; call "
+                               f"module.to('{device}') first")
+    return device.index
+
+
+def _warm_up(module, args: tuple, iterations: int, device: int) -> None:
+    if iterations == 0:
+        return
+    # Warm up on the stream the capture will use: cuBLAS/cuDNN handles and workspaces
+    # are per stream, and creating them inside the capture would put them in the pool.
+    stream = _torch.torch_stream_for(default_capture_stream().ptr, device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(iterations):
+            module(*args)
+    torch.cuda.current_stream(device).wait_stream(stream)
+
+
+class GraphedModule:
+    """A module's forward captured as a CUDA graph: call it like the module.
+
+    Attributes
+    ----------
+    module : torch.nn.Module
+        The module (run eagerly for calls that do not match the capture).
+    graph : cugraphrt.Graph
+        The graph; ``graph.pool().stats()`` shows its memory.
+    torch_graph : torch.cuda.CUDAGraph
+        Torch's graph that owns the capture.
+    static_inputs : tuple of torch.Tensor
+        The input buffers the graph reads.
+    static_outputs : Any
+        What the module returned during capture; every replay overwrites it.
+    """
+
+    def __init__(self, module, cuda_graph: Graph, capture: graph, static_inputs: tuple,
+                 outputs: Any, copy_outputs: bool, strict: bool) -> None:
+        self.module = module
+        self.graph = cuda_graph
+        self.torch_graph = capture.torch_graph
+        self.static_inputs = static_inputs
+        self.static_outputs = outputs
+        self._replay_obj = capture._replay
+        self._training = module.training
+        self._strict = strict
+        self._copy = copy_outputs
+        self._warned: set = set()
+        # Everything the call path compares against, computed once: per input its buffer
+        # (detached: copying into it must not record autograd history), address, shape,
+        # dtype and device index.
+        self._slots = tuple((t.detach(), t.data_ptr(), t.shape, t.dtype, t.get_device())
+                            for t in static_inputs)
+        self._num_inputs = len(static_inputs)
+        _, self._out_spec, _ = _tree.flatten(outputs)
+        self._out_is_tensor = isinstance(outputs, _Tensor)
+
+    def __call__(self, *args):
+        if self.module.training != self._training:
+            return self._mismatch(("training",), args)
+        if len(args) != self._num_inputs:
+            return self._mismatch(("count",), args)
+        for (static, ptr, shape, dtype, device), value in zip(self._slots, args, strict=False):
+            try:
+                same = value.data_ptr() == ptr
+                if value.shape != shape or value.dtype is not dtype or value.get_device() != device:
+                    return self._mismatch(("input", static, value), args)
+            except AttributeError:
+                return self._mismatch(("input", static, value), args)
+            if not same:
+                static.copy_(value)
+            elif value.stride() != static.stride():  # a differently laid-out view of it
+                static.copy_(value.clone())
+        replay = self._replay_obj
+        if _pool_module._checks_enabled:
+            replay.on_torch_stream()
+        else:
+            replay._replay()
+        if self._copy:
+            return self._copied_outputs()
+        return self.static_outputs
+
+    def _copied_outputs(self):
+        if self._out_is_tensor:
+            return self.static_outputs.clone()
+        leaves, _, _ = _tree.flatten(self.static_outputs)
+        return _tree.unflatten(self._out_spec, [
+            leaf.clone() if isinstance(leaf, _Tensor) else leaf for leaf in leaves])
+
+    def _mismatch(self, reason: tuple, args: tuple):
+        key, message = self._describe(reason, args)
+        if self._strict:
+            raise ReplayError(message + "; pass inputs like sample_args, or call "
+                              "graph_module() again for the new case (strict=True)")
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message + "; running the module eagerly (this warning is shown once "
+                          "per reason)", UserWarning, stacklevel=3)
+        with torch.no_grad():
+            return self.module(*args)
+
+    def _describe(self, reason: tuple, args: tuple) -> tuple[tuple, str]:
+        kind = reason[0]
+        if kind == "training":
+            return ("training",), (
+                f"the module's training flag changed since capture (expected "
+                f"training={self._training}, got training={self.module.training})")
+        if kind == "count":
+            return ("count",), (f"the graph was captured with {self._num_inputs} inputs (got "
+                                f"{len(args)})")
+        _, static, value = reason
+        index = next(i for i, slot in enumerate(self._slots) if slot[0] is static)
+        if not isinstance(value, _Tensor):
+            return ("type", index), (f"argument {index} is not a tensor (expected a tensor "
+                                     f"like {_fmt(static)}, got {type(value).__name__})")
+        for what, expected, got in (("shape", tuple(static.shape), tuple(value.shape)),
+                                    ("dtype", static.dtype, value.dtype),
+                                    ("device", static.device, value.device)):
+            if expected != got:
+                return (what, index), (f"argument {index} has a different {what} than at "
+                                       f"capture (expected {_fmt(static)}, got {_fmt(value)})")
+        return ("input", index), f"argument {index} does not match the capture"
+
+    def __repr__(self) -> str:
+        name = type(self.module).__name__
+        return f"<cugraphrt_torch.GraphedModule of {name} ({self._num_inputs} inputs)>"
+
+
+def _fmt(tensor: torch.Tensor) -> str:
+    return f"shape {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}"

@@ -1,0 +1,228 @@
+"""GPU-free tests of the torch adapter: argument checks, dtype tables, error messages and the
+allocator callbacks (against a pool on a fake backing allocator)."""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cugraphrt  # noqa: E402
+import cugraphrt_torch  # noqa: E402
+from cugraphrt import CaptureError, CugraphrtError, OptionsError, PoolOutOfMemoryError  # noqa: E402
+from cugraphrt_torch import _alloc, _errors  # noqa: E402
+from cugraphrt_torch.dlpack import cupy_dtype_name, torch_dtype_for  # noqa: E402
+
+from ..unit.fakes import FakeBackingAllocator  # noqa: E402
+
+MiB = 1 << 20
+
+
+# -- public namespace ------------------------------------------------------------------------
+
+def test_public_names():
+    assert set(cugraphrt_torch.__all__) == {"to_cupy", "from_cupy", "graph", "graph_module",
+                                            "GraphedModule"}
+    for name in cugraphrt_torch.__all__:
+        assert getattr(cugraphrt_torch, name).__doc__
+
+
+# -- dtypes and conversions --------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype, name", [
+    (torch.float32, "float32"), (torch.float16, "float16"), (torch.float64, "float64"),
+    (torch.bfloat16, "bfloat16"), (torch.int8, "int8"), (torch.uint8, "uint8"),
+    (torch.int16, "int16"), (torch.int32, "int32"), (torch.int64, "int64"),
+    (torch.bool, "bool"), (torch.complex64, "complex64"), (torch.complex128, "complex128"),
+])
+def test_dtype_table_round_trips(dtype, name):
+    assert cupy_dtype_name(dtype) == name
+    assert torch_dtype_for(name) is dtype
+    if name != "bfloat16":
+        assert torch_dtype_for(numpy.dtype(name)) is dtype
+
+
+@pytest.mark.parametrize("name", ["float8_e4m3fn", "complex32", "qint8"])
+def test_dtypes_without_cupy_counterpart_are_refused(name):
+    dtype = getattr(torch, name, None)
+    if dtype is None:
+        pytest.skip(f"this torch has no {name}")
+    with pytest.raises(OptionsError, match=rf"dtype torch\.{name}.*tensor\.float\(\)"):
+        cupy_dtype_name(dtype)
+
+
+def test_numpy_dtypes_without_torch_counterpart_are_refused():
+    with pytest.raises(OptionsError, match=r"dtype str96.*astype"):
+        torch_dtype_for(numpy.dtype("U3"))
+
+
+def test_cpu_tensor_is_refused_with_advice():
+    with pytest.raises(OptionsError, match=r"tensor on cpu.*tensor\.cuda\(\)"):
+        cugraphrt_torch.to_cupy(torch.randn(4, 3))
+
+
+def test_non_tensor_is_refused():
+    with pytest.raises(OptionsError, match=r"ndarray.*torch\.Tensor"):
+        cugraphrt_torch.to_cupy(numpy.ones(3))
+    with pytest.raises(OptionsError, match=r"Tensor.*cupy\.ndarray"):
+        cugraphrt_torch.from_cupy(torch.randn(3))
+
+
+# -- graph() and graph_module() arguments ------------------------------------------------------
+
+def test_graph_argument_checks():
+    with pytest.raises(OptionsError, match="cuda_graph"):
+        cugraphrt_torch.graph(object())
+    with pytest.raises(OptionsError, match="capture_error_mode"):
+        cugraphrt_torch.graph(cugraphrt.Graph(), capture_error_mode="strict")
+    with pytest.raises(OptionsError, match="pool"):
+        cugraphrt_torch.graph(cugraphrt.Graph(), pool=(0, 1))
+    with pytest.raises(OptionsError, match="stream"):
+        cugraphrt_torch.graph(cugraphrt.Graph(), stream=7)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a CPU-only torch")
+def test_graph_without_cuda_torch_says_what_is_missing():
+    with pytest.raises(CugraphrtError, match=r"CUDA build of PyTorch.*is_available\(\) = False"):
+        with cugraphrt_torch.graph(cugraphrt.Graph()):
+            pass
+
+
+def test_graph_module_argument_checks():
+    linear = torch.nn.Linear(3, 2)
+    x = torch.randn(4, 3)
+    with pytest.raises(OptionsError, match="module"):
+        cugraphrt_torch.graph_module(lambda t: t, (x,))
+    with pytest.raises(OptionsError, match=r"args\[1\] of type int"):
+        cugraphrt_torch.graph_module(linear, (x, 3))
+    with pytest.raises(OptionsError, match="non-empty tuple"):
+        cugraphrt_torch.graph_module(linear, ())
+    with pytest.raises(OptionsError, match=r"got 'cpu'.*one CUDA device"):
+        cugraphrt_torch.graph_module(linear, x)
+    with pytest.raises(OptionsError, match="num_warmup_iters"):
+        cugraphrt_torch.graph_module(linear, x, num_warmup_iters=-1)
+    with pytest.raises(OptionsError, match="strict"):
+        cugraphrt_torch.graph_module(linear, x, strict="yes")
+
+
+# -- error translation -------------------------------------------------------------------------
+
+_UNSUPPORTED = ("CUDA error: operation not permitted when stream is capturing\nSearch for "
+                "`cudaErrorStreamCaptureUnsupported' in https://docs.nvidia.com/cuda/ for more "
+                "information.")
+_INVALIDATED = ("CUDA error: operation failed due to a previous error during capture\nSearch "
+                "for `cudaErrorStreamCaptureInvalidated' in https://docs.nvidia.com/cuda/")
+
+
+def _torch_error_on_this_line(message: str, make) -> RuntimeError:
+    """Raise a real torch error from C code (no Python frame of its own), then give it
+    ``message``: the traceback points at the caller's line, as with a capture failure."""
+    try:
+        make()
+    except RuntimeError as exc:
+        exc.args = (message,)
+        return exc
+    raise AssertionError("expected a RuntimeError")
+
+
+def test_item_during_capture_is_named():
+    t = torch.tensor([1.0, 2.0])
+    exc = _torch_error_on_this_line(_UNSUPPORTED, lambda: t.item())
+    err = _errors.capture_error(exc)
+    assert isinstance(err, CaptureError)
+    text = str(err)
+    assert "`exc = _torch_error_on_this_line(_UNSUPPORTED, lambda: t.item())`" in text
+    assert "copies a CUDA tensor to the host" in text
+    assert "operation not permitted when stream is capturing" in text
+    assert "rolled back" in text and "outside the captured region" in text
+
+
+def test_data_dependent_shape_is_named():
+    t = torch.zeros(6)
+    exc = _torch_error_on_this_line(_UNSUPPORTED, lambda: t.view(-1, 4).nonzero())
+    err = _errors.capture_error(exc)
+    assert "nonzero" in str(err) and "depends on the data" in str(err)
+
+
+def test_host_copy_check_is_a_capture_error():
+    t = torch.zeros(6)
+    message = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the "
+               "CPU tensor is pinned.")
+    exc = _torch_error_on_this_line(message, lambda: t.view(7).cpu())
+    err = _errors.capture_error(exc)
+    assert isinstance(err, CaptureError)
+    assert "copies a CUDA tensor to the host" in str(err) and "pinned" in str(err)
+
+
+def test_invalidated_capture_names_the_cause():
+    t = torch.zeros(6)
+    exc = _torch_error_on_this_line(_INVALIDATED, lambda: t.view(7))
+    err = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()")
+    assert isinstance(err, CaptureError)
+    assert "failed during CUDA graph capture" in str(err)
+    assert "an earlier operation invalidated the capture" in str(err)
+    assert _errors.torch_capture_status(exc) == 901
+
+
+def test_other_errors_are_left_alone():
+    t = torch.zeros(6)
+    exc = _torch_error_on_this_line("shape '[7]' is invalid for input of size 6",
+                                    lambda: t.view(7))
+    assert _errors.capture_error(exc) is None
+    assert _errors.capture_error(ValueError("no")) is None
+
+
+def test_rng_outside_torch_capture_gets_advice():
+    exc = RuntimeError("Attempt to increase offset for a CUDA generator not in capture mode.")
+    err = _errors.capture_error(exc)
+    assert isinstance(err, CaptureError) and "cugraphrt_torch.graph()" in str(err)
+
+
+# -- allocator callbacks -----------------------------------------------------------------------
+
+class _FakeCapture:
+    def __init__(self, pool, capture_id):
+        self.pool = pool
+        self.token = object()
+        self.capture_id = capture_id
+        pool._begin_capture(self.token)
+
+
+@pytest.fixture
+def capture():
+    pool = cugraphrt.MemPool(backing=FakeBackingAllocator(capacity=64 * MiB))
+    fake = _FakeCapture(pool, capture_id=4242)
+    _alloc.register(fake)
+    yield fake
+    _alloc.unregister(fake)
+    pool._end_capture(fake.token, succeeded=False)
+
+
+def test_segments_come_from_the_capture_pool_and_go_back(capture):
+    ptr = _alloc._C_ALLOC(20 * MiB, 0, 0x7000)  # through the real C trampoline
+    assert ptr and ptr in _alloc._live
+    stats = capture.pool.stats()
+    assert stats.active_bytes == 20 * MiB and stats.live_arrays == 1
+    _alloc._C_FREE(ptr, 20 * MiB, 0, 0x7000)
+    assert ptr not in _alloc._live
+    assert capture.pool.stats().active_bytes == 0
+
+
+def test_no_capture_or_wrong_device_gives_null(capture):
+    assert _alloc._on_alloc(MiB, 1, 0x7000) is None  # the pool lives on device 0
+    _alloc.unregister(capture)
+    assert _alloc._C_ALLOC(MiB, 0, 0x7000) is None
+    _alloc.register(capture)
+
+
+def test_out_of_memory_gives_null_and_keeps_the_pool_error(capture):
+    assert _alloc._on_alloc(128 * MiB, 0, 0x7000) is None
+    error = _alloc.pool_error(capture)
+    assert isinstance(error, PoolOutOfMemoryError)
+    assert error.requested_bytes == 128 * MiB
+
+
+def test_free_of_unknown_pointer_is_ignored():
+    _alloc._C_FREE(0x1234, 64, 0, 0)
+    _alloc._C_FREE(None, 0, 0, None)

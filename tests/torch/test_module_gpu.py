@@ -1,0 +1,168 @@
+"""graph_module on a GPU: graphed forward equals eager; mismatches fall back or raise."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import cugraphrt  # noqa: E402
+import cugraphrt_torch  # noqa: E402
+from cugraphrt import ReplayError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+
+nn = torch.nn
+
+
+def _conv_bn():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+                          nn.Conv2d(8, 4, 3))
+    with torch.no_grad():  # non-trivial running statistics
+        model[1].running_mean.uniform_(-0.5, 0.5)
+        model[1].running_var.uniform_(0.5, 2.0)
+    return model, (2, 3, 16, 16)
+
+
+def _mlp():
+    return nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 64), nn.Tanh(),
+                         nn.Linear(64, 10)), (8, 32)
+
+
+MODELS = {
+    "linear": lambda: (nn.Linear(20, 30), (5, 20)),
+    "conv_bn_eval": _conv_bn,
+    "mlp": _mlp,
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_graphed_forward_equals_eager_on_fresh_inputs(name, exact_math):
+    torch.manual_seed(0)
+    model, shape = MODELS[name]()
+    model = model.cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(shape, device="cuda"))
+    for _ in range(3):
+        x = torch.randn(shape, device="cuda")
+        out = graphed(x)
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
+    assert out is graphed.static_outputs
+    assert not out.requires_grad
+
+
+def test_static_input_is_not_copied_and_outputs_are_static(exact_math):
+    model = nn.Linear(16, 4).cuda().eval()
+    sample = torch.randn(3, 16, device="cuda")
+    graphed = cugraphrt_torch.graph_module(model, sample, num_warmup_iters=1)
+    static = graphed.static_inputs[0]
+    assert static.data_ptr() == sample.data_ptr()
+    static.copy_(torch.randn(3, 16, device="cuda"))
+    first = graphed(static)  # same data_ptr: replays on the buffer as it is
+    with torch.no_grad():
+        torch.testing.assert_close(first, model(static))
+    second = graphed(torch.randn(3, 16, device="cuda"))
+    assert second is first  # static outputs, overwritten
+    with torch.no_grad():
+        torch.testing.assert_close(second, model(static))  # the new input was copied in
+
+
+def test_copy_outputs_returns_fresh_tensors(exact_math):
+    model = _mlp()[0].cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(8, 32, device="cuda"),
+                                           copy_outputs=True)
+    inputs = [torch.randn(8, 32, device="cuda") for _ in range(2)]
+    outs = [graphed(x) for x in inputs]
+    assert outs[0].data_ptr() != outs[1].data_ptr()
+    with torch.no_grad():
+        for x, out in zip(inputs, outs, strict=True):
+            torch.testing.assert_close(out, model(x))
+
+
+def test_tuple_inputs_and_outputs():
+    class TwoWay(nn.Module):
+        def forward(self, a, b):
+            return a @ b, (a.sum(dim=1), torch.relu(b))
+
+    module = TwoWay().cuda()
+    a, b = torch.randn(4, 5, device="cuda"), torch.randn(5, 6, device="cuda")
+    graphed = cugraphrt_torch.graph_module(module, (a, b), copy_outputs=True)
+    a2, b2 = torch.randn(4, 5, device="cuda"), torch.randn(5, 6, device="cuda")
+    got = graphed(a2, b2)
+    expected = module(a2, b2)
+    torch.testing.assert_close(got[0], expected[0], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(got[1][0], expected[1][0])
+    torch.testing.assert_close(got[1][1], expected[1][1])
+
+
+def test_mismatched_call_runs_eagerly_with_one_warning():
+    model = nn.Linear(8, 3).cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))
+    other = torch.randn(6, 8, device="cuda")
+    with pytest.warns(UserWarning, match=r"argument 0 has a different shape.*\(4, 8\).*\(6, 8\)"):
+        out = graphed(other)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(other))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per reason: no second warning
+        graphed(torch.randn(6, 8, device="cuda"))
+    with pytest.warns(UserWarning, match="different dtype"):
+        with pytest.raises(RuntimeError):  # runs eagerly, where Linear refuses float64
+            graphed(torch.randn(4, 8, device="cuda", dtype=torch.float64))
+    with pytest.warns(UserWarning, match="captured with 1 inputs"):
+        with pytest.raises(TypeError):
+            graphed(other, other)  # runs eagerly, where Linear takes one input
+    # A matching call still replays.
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(x), model(x))
+
+
+def test_training_flag_change_runs_eagerly():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5)).cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))
+    model.train()
+    with pytest.warns(UserWarning, match="training flag changed"):
+        graphed(torch.randn(4, 8, device="cuda"))
+    model.eval()
+    x = torch.randn(4, 8, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(x), model(x))
+
+
+def test_strict_mismatch_raises_replay_error():
+    model = nn.Linear(8, 3).cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"), strict=True)
+    with pytest.raises(ReplayError, match=r"different shape.*strict=True"):
+        graphed(torch.randn(5, 8, device="cuda"))
+    with pytest.raises(ReplayError, match="device"):
+        graphed(torch.randn(4, 8))
+
+
+def test_shared_pool_and_stats():
+    pool = cugraphrt.graph_pool_handle()
+    first = cugraphrt_torch.graph_module(_mlp()[0].cuda().eval(),
+                                         torch.randn(8, 32, device="cuda"), pool=pool)
+    second = cugraphrt_torch.graph_module(nn.Linear(10, 2).cuda().eval(),
+                                          torch.randn(8, 10, device="cuda"), pool=pool)
+    stats = pool.stats()
+    assert stats.live_graphs == 2 and stats.active_bytes > 0
+    assert first.graph.pool() is pool and second.graph.pool() is pool
+    x = torch.randn(8, 32, device="cuda")
+    hidden = first(x)
+    out = second(hidden)
+    with torch.no_grad():
+        torch.testing.assert_close(out, second.module(first.module(x)), rtol=1e-4, atol=1e-4)
+
+
+def test_replay_after_reset_is_refused():
+    model = nn.Linear(8, 3).cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))
+    graphed.graph.reset()
+    with pytest.raises(ReplayError, match="reset"):
+        graphed(torch.randn(4, 8, device="cuda"))
