@@ -27,7 +27,8 @@ import weakref
 from cugraphrt import _cuda
 from cugraphrt.errors import PoolOutOfMemoryError
 
-__all__ = ["register", "unregister", "pool_error", "torch_mempool", "retire", "allocator"]
+__all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
+           "allocator"]
 
 # void* alloc(size_t size, int device, cudaStream_t stream)
 # void free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -147,30 +148,59 @@ def allocator():
     return _allocator
 
 
-# cugraphrt MemPool -> weak reference to its torch MemPool. Weak both ways: the segments in
-# _live keep the cugraphrt pool alive, so a strong value here would keep it forever.
+# cugraphrt MemPool -> _TorchPool. Weak keys: the segments in _live keep the cugraphrt pool
+# alive, so the entry must not keep it alive in turn.
 _mempools: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def torch_mempool(pool):
-    """The torch MemPool serving ``pool`` (a cugraphrt MemPool), created on first use.
+class _TorchPool:
+    """Which torch MemPool serves a cugraphrt pool, and how many torch graphs use it.
 
-    The caller keeps it alive (captures and graphs hold it); once none does, torch releases
-    its segments back to ``pool``.
+    Torch's pinned-host allocator keeps a use count per pool id, raised by every
+    ``CUDAGraph.capture_begin`` and lowered by every graph reset, and it asserts (leaving the
+    RNG and device allocator half in capture mode) if a capture reuses an id whose count fell
+    to zero. So a torch pool id is never reused once all its graphs are gone: the next
+    capture gets a fresh torch MemPool, and the old one returns its segments to the
+    cugraphrt pool when it dies.
+    """
+
+    __slots__ = ("ref", "users", "used")
+
+    def __init__(self, mempool) -> None:
+        try:
+            self.ref = weakref.ref(mempool)
+        except TypeError:  # a torch whose MemPool takes no weak references
+            self.ref = lambda kept=mempool: kept
+        self.users = 0
+        self.used = False
+
+
+def torch_mempool(pool):
+    """The torch MemPool for a new torch capture into ``pool`` (a cugraphrt MemPool).
+
+    Counts one user until :func:`release` is called for it (when the torch graph is reset,
+    or its capture failed). The caller keeps the MemPool alive while it uses it.
     """
     import torch
 
     with _lock:
-        ref = _mempools.get(pool)
-        mempool = ref() if ref is not None else None
-        if mempool is None:
+        entry = _mempools.get(pool)
+        mempool = entry.ref() if entry is not None else None
+        if mempool is None or (entry.used and entry.users == 0):
             with torch.cuda.device(pool.device_id):
                 mempool = torch.cuda.MemPool(allocator())
-            try:
-                _mempools[pool] = weakref.ref(mempool)
-            except TypeError:  # a torch whose MemPool takes no weak references
-                _mempools[pool] = lambda kept=mempool: kept
+            entry = _mempools[pool] = _TorchPool(mempool)
+        entry.users += 1
+        entry.used = True
         return mempool
+
+
+def release(pool, mempool) -> None:
+    """A torch graph that used ``mempool`` for ``pool`` was reset (or its capture failed)."""
+    with _lock:
+        entry = _mempools.get(pool)
+        if entry is not None and entry.ref() is mempool and entry.users > 0:
+            entry.users -= 1
 
 
 def retire(pool) -> None:

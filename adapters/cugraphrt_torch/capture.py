@@ -213,7 +213,7 @@ class _Session:
                 cuda_graph._abort_capture(exc)
             raise
         replay = _Replay(self.torch_graph.replay, cuda_graph._handles, self.device)
-        owner = _Owner(self.torch_graph, self.mempool, replay)
+        owner = _Owner(self.torch_graph, self.pool, self.mempool, replay)
         try:
             self.torch_graph.instantiate()
             exec_handle = int(self.torch_graph.raw_cuda_graph_exec())
@@ -263,6 +263,7 @@ class _Session:
             finally:
                 _cuda.abandon_capture(ptr)
             self.torch_graph.reset()
+            _alloc.release(self.pool, self.mempool)
             done = True
         except Exception:  # noqa: BLE001 - fall back to a fresh torch pool next time
             pass
@@ -289,10 +290,11 @@ class _Owner:
     replay object is disarmed first: a GraphedModule may still hold it.
     """
 
-    __slots__ = ("torch_graph", "mempool", "replay")
+    __slots__ = ("torch_graph", "pool", "mempool", "replay")
 
-    def __init__(self, torch_graph, mempool, replay) -> None:
+    def __init__(self, torch_graph, pool, mempool, replay) -> None:
         self.torch_graph = torch_graph
+        self.pool = pool
         self.mempool = mempool
         self.replay = replay
 
@@ -300,8 +302,13 @@ class _Owner:
         replay, self.replay = self.replay, None
         if replay is not None:
             replay._replay = _replay_after_reset
-        self.torch_graph = None
-        self.mempool = None
+        self.torch_graph = None  # torch resets its graph: the pool id loses a user
+        mempool, self.mempool = self.mempool, None
+        try:
+            _alloc.release(self.pool, mempool)
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
+        self.pool = None
 
 
 def _replay_after_reset() -> None:
