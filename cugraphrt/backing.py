@@ -16,7 +16,9 @@ tests) with ``cugraphrt.MemPool(backing=...)``.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from .errors import OptionsError
@@ -68,17 +70,18 @@ def check_backing(backing: object) -> None:
 
 
 class _CaptureActivity:
-    """Counts captures underway in the process and holds cudaFree calls back meanwhile.
+    """Counts captures underway in the process and holds unsafe clean-up back meanwhile.
 
-    ``cudaFree`` synchronizes the device, which CUDA forbids while a global-mode capture is
-    underway in any thread, so segments given back during a capture are freed when the last
-    capture ends.
+    ``cudaFree`` synchronizes the device and destroying a graph executable is an unsafe call,
+    both forbidden while a global-mode capture is underway in any thread; a garbage
+    collection in the middle of a capture may trigger either. Such clean-up is queued and
+    runs when the last capture ends.
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._active = 0
-        self._deferred: list[tuple[CudaBackingAllocator, int]] = []
+        self._deferred: list[Callable[[], None]] = []
 
     @property
     def active(self) -> int:
@@ -94,16 +97,19 @@ class _CaptureActivity:
             if self._active > 0 or not self._deferred:
                 return
             deferred, self._deferred = self._deferred, []
-        for backing, ptr in deferred:
-            backing._free_now(ptr)
+        for action in deferred:
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - clean-up of dead objects must not raise here
+                pass
 
-    def defer_or_run(self, backing: CudaBackingAllocator, ptr: int) -> bool:
-        """Queue the free if a capture is underway; return True if it was queued."""
+    def defer_or_run(self, action: Callable[[], None]) -> None:
+        """Run ``action`` now, or when the last capture ends if one is underway."""
         with self._lock:
-            if self._active == 0:
-                return False
-            self._deferred.append((backing, ptr))
-            return True
+            if self._active > 0:
+                self._deferred.append(action)
+                return
+        action()
 
 
 capture_activity = _CaptureActivity()
@@ -141,8 +147,7 @@ class CudaBackingAllocator:
                 raise _cuda.error_from_status(exc.status, "cudaMalloc") from exc
 
     def free(self, ptr: int, nbytes: int) -> None:
-        if not capture_activity.defer_or_run(self, ptr):
-            self._free_now(ptr)
+        capture_activity.defer_or_run(functools.partial(self._free_now, ptr))
 
     def _free_now(self, ptr: int) -> None:
         from cupy_backends.cuda.api import runtime

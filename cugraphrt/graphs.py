@@ -10,6 +10,7 @@ import cupy
 
 from . import _capture, _cuda, _libs
 from . import pool as _pool_module
+from .backing import capture_activity
 from .errors import CaptureError, OptionsError, ReplayError
 from .options import CaptureOptions, validate_options
 from .pool import MemPool
@@ -34,7 +35,18 @@ class _GraphHandles:
         self.owned = True  # False when an adapter's object (torch's CUDAGraph) frees them
 
     def release(self) -> None:
-        """Destroy the executable and the graph and let go of the pool; never raises."""
+        """Destroy the executable and the graph and let go of the pool; never raises.
+
+        While any capture is underway (a garbage collection can run this in the middle of
+        one) the work is handed to a detached copy that runs when the last capture ends.
+        """
+        if capture_activity.active:
+            detached = _GraphHandles()
+            for name in self.__slots__:
+                setattr(detached, name, getattr(self, name))
+            self.__init__()
+            capture_activity.defer_or_run(detached.release)
+            return
         if self.exec and self.owned:
             _cuda.destroy_exec(self.exec)
         if self.graph and self.owned:
