@@ -21,14 +21,16 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import sys
 import threading
 import weakref
 
 from cugraphrt import _cuda
+from cugraphrt.backing import capture_activity
 from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
-           "allocator"]
+           "allocator", "hold", "sweep_when_safe"]
 
 # void* alloc(size_t size, int device, cudaStream_t stream)
 # void free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -175,6 +177,37 @@ class _TorchPool:
         self.used = False
 
 
+# Torch objects whose destructors must not run during a capture: a torch MemPool empties its
+# cache (cudaFree) and a CUDAGraph destroys its executable when it dies, and torch aborts the
+# process if that fails under an active capture. A garbage collection can drop the last
+# reference at any moment, so the adapter holds every such object here and lets go of those
+# nothing else references only at safe points, when no capture is underway.
+_held: list = []
+
+
+def hold(obj):
+    """Keep ``obj`` (a torch MemPool or CUDAGraph) until a safe point after its last use."""
+    with _lock:
+        _held.append(obj)
+    return obj
+
+
+def _sweep() -> None:
+    with _lock:
+        if capture_activity.active:
+            return
+        # A reference from the list, one from the loop variable, one from getrefcount's
+        # argument: anything more means someone else still uses the object.
+        keep = [obj for obj in _held if sys.getrefcount(obj) > 3]
+        dropped, _held[:] = _held[:], keep
+    del dropped  # destructors run here, outside any capture and outside the lock
+
+
+def sweep_when_safe() -> None:
+    """Release held torch objects nothing uses any more, now or when the last capture ends."""
+    capture_activity.defer_or_run(_sweep)
+
+
 def torch_mempool(pool):
     """The torch MemPool for a new torch capture into ``pool`` (a cugraphrt MemPool).
 
@@ -189,6 +222,7 @@ def torch_mempool(pool):
         if mempool is None or (entry.used and entry.users == 0):
             with torch.cuda.device(pool.device_id):
                 mempool = torch.cuda.MemPool(allocator())
+            _held.append(mempool)  # see hold(); _lock is already held here
             entry = _mempools[pool] = _TorchPool(mempool)
         entry.users += 1
         entry.used = True

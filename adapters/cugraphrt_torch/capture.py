@@ -147,7 +147,7 @@ class _Session:
         self.device = device
         self.mempool = _alloc.torch_mempool(pool)
         try:
-            self.torch_graph = torch.cuda.CUDAGraph(keep_graph=True)
+            self.torch_graph = _alloc.hold(torch.cuda.CUDAGraph(keep_graph=True))
         except TypeError as exc:
             raise CugraphrtError(
                 f"cugraphrt_torch needs torch.cuda.CUDAGraph(keep_graph=True) (got torch "
@@ -161,6 +161,7 @@ class _Session:
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
         capture = cuda_graph._begin(session.pool, mode, start=session._start)
         session.capture = capture
+        _alloc.sweep_when_safe()  # at this capture's end: torch objects freed meanwhile
         _alloc.register(capture)
         capture.finish_hooks.append(_alloc.unregister)
         capture.abort_hooks.append(session._on_abort)
@@ -184,7 +185,7 @@ class _Session:
 
         self._strand()
         self.mempool = _alloc.torch_mempool(self.pool)
-        self.torch_graph = torch.cuda.CUDAGraph(keep_graph=True)
+        self.torch_graph = _alloc.hold(torch.cuda.CUDAGraph(keep_graph=True))
         self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
 
     def _finish(self, capture) -> int:
@@ -306,6 +307,8 @@ class _Owner:
         mempool, self.mempool = self.mempool, None
         try:
             _alloc.release(self.pool, mempool)
+            del mempool
+            _alloc.sweep_when_safe()  # torch's graph and pool die now, or after the capture
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
         self.pool = None
