@@ -150,7 +150,7 @@ class GradBuffers:
 
     def hand_out(self, result: list) -> tuple:
         """Put this backward's gradients into ``result``; returns what to watch."""
-        if self.any_copy:
+        if self._any_copy:
             return self._hand_out_copies(result)
         tensors = [buffer.data for buffer in self.buffers]
         for position, tensor in zip(self.positions, tensors):
@@ -168,11 +168,6 @@ class GradBuffers:
                 result[self.positions[j]] = tensor
                 handed.append(_ref(tensor))
         return tuple(handed)
-
-    @property
-    def any_copy(self) -> bool:
-        """Whether some gradient is returned as a copy (the slow path of hand_out)."""
-        return self._any_copy
 
     def settle(self, handed: tuple, leaves: tuple) -> None:
         """Move every kept alias of the buffers to its own memory before they are overwritten.
@@ -214,6 +209,8 @@ class GradBuffers:
         for j in group:
             self.copy[j] = True
         self._any_copy = True
+        # The unknown holder may live on: stop watching a buffer that is no longer handed out.
+        self.storages = [entry for entry in self.storages if entry[2] != group]
         names = ", ".join(self.labels[j] for j in group)
         warnings.warn(
             f"a gradient that graphed callable {self.name} returned for {names} is still "
@@ -233,7 +230,8 @@ def _baseline(key: int, held: Sequence[torch.Tensor]) -> int | None:
     garbage collector) would raise a measured baseline, and an alias of the same size would
     then go unseen. A storage is referenced once per tensor over it (views add their base)
     plus once by its Python object, which ``_storage_id`` created. The smaller of counted and
-    measured is used: too low only costs a check, too high could lose a gradient.
+    measured is used: too high could let an alias through, too low only sends the buffer to
+    the copying path (with a warning), and the GPU tests check that it does not happen.
     """
     owners = {}
     for tensor in held:

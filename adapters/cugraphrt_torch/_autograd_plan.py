@@ -137,8 +137,10 @@ class ArgPlan:
             if (not isinstance(value, _Tensor) or value.shape != shape
                     or value.dtype is not dtype or value.get_device() != device):
                 raise self._mismatch(index, value)
-            if value.data_ptr() != ptr or value.stride() != stride:
+            if value.data_ptr() != ptr:
                 static.copy_(value)
+            elif value.stride() != stride:  # the static buffer itself, laid out differently
+                static.copy_(value.clone())
         for index, original in self.repeats:
             if leaves[index] is not leaves[original]:
                 raise ReplayError(

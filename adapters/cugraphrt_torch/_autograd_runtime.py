@@ -1,0 +1,274 @@
+"""A graphed callable at call time: copy in, replay forward, and backward through autograd.
+
+Everything a call needs is decided at capture; the call path below does no pytree work for
+positional tensors, no ``torch.no_grad()`` context (2 us each in CPython), and allocates only
+what autograd needs (one fresh tensor per output and per gradient handed out) plus one weak
+reference per gradient for the alias guard. It replays through the adapter's replay object on
+torch's current stream (torch's CUDAGraph replay, which advances the RNG).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from cugraphrt.errors import ReplayError
+
+from ._autograd_guard import AliasGuard, GradBuffers
+from ._autograd_plan import ArgPlan, OutputPlan
+
+__all__ = ["GraphedCallable", "graphed_forward"]
+
+_grad_enabled = torch._C.is_grad_enabled
+_set_grad_enabled = torch._C._set_grad_enabled
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or torch.is_autocast_enabled
+_functorch_active = torch._C._are_functorch_transforms_active
+_Tensor = torch.Tensor
+_ref = weakref.ref
+# Function.apply is a Python classmethod over the C one; its extra work (setup_context
+# binding, unwrapping dead functorch wrappers) only matters under functorch transforms, and
+# costs about 2 us per call. Call the C one directly outside them.
+_c_apply = torch._C._FunctionBase.__dict__.get("apply")
+
+
+def autocast_state() -> tuple[bool, Any]:
+    """CUDA autocast as it affects a capture: (enabled, dtype or None)."""
+    try:
+        enabled = torch.is_autocast_enabled("cuda")
+        return (True, torch.get_autocast_dtype("cuda")) if enabled else (False, None)
+    except (TypeError, AttributeError):  # torch < 2.4: the CUDA-only forms
+        enabled = torch.is_autocast_enabled()
+        return (True, torch.get_autocast_gpu_dtype()) if enabled else (False, None)
+
+
+class GraphedCallable:
+    """A callable captured by :func:`cugraphrt_torch.make_graphed_callables`.
+
+    Call it like the original. Each call checks its arguments against the capture, copies
+    new tensors into the static inputs, replays the forward graph and returns fresh tensors
+    over the static outputs (the next call overwrites their values); backward replays the
+    backward graph.
+
+    Attributes
+    ----------
+    static_inputs : tuple
+        The flattened sample arguments (positional, then keyword in sample order). Passing
+        these very tensors skips the copy.
+    static_outputs : tuple of Tensor
+        The tensors the forward graph writes.
+    forward_graph, backward_graph : cugraphrt.Graph
+        The graphs (``backward_graph`` is None when nothing needs a gradient).
+    """
+
+    def __init__(self, *, name: str, fn: Callable, args: ArgPlan, outputs: OutputPlan,
+                 forward_graph, backward_graph, guard: AliasGuard, forward_seq: int,
+                 backward_seq: int, params: Sequence, param_names: Sequence[str],
+                 static_grad_outputs: Sequence, static_grad_inputs: Sequence,
+                 autocast: tuple = (False, None)) -> None:
+        self.name = name
+        self.__wrapped__ = fn
+        self.forward_graph = forward_graph
+        self.backward_graph = backward_graph
+        self._args = args
+        self._outputs = outputs
+        self._flat = args.is_flat
+        self._nargs = args.num_args
+        self._direct = outputs.is_direct
+        self._guard = guard
+        self._fwd_seq = forward_seq
+        self._bwd_seq = backward_seq
+        self._fwd_replay = _replayer(forward_graph)
+        self._bwd_replay = _replayer(backward_graph) if backward_graph is not None else None
+        self._params = tuple(params)
+        self._grad_indices = args.grad_indices
+        self._autocast = autocast
+        self._gen = 0  # forward replays so far; a backward must belong to the latest
+        self._grad_outs = tuple(
+            (k, buf, buf.data_ptr(), buf.stride())
+            for k, buf in zip(outputs.diff, static_grad_outputs))
+        # backward returns (None for the leaves argument, one gradient per tensor input).
+        self._n_result = 1 + len(self._grad_indices) + len(self._params)
+        owners = [None] * len(self._grad_indices) + list(self._params)
+        labels = [args.paths[i] for i in self._grad_indices]
+        labels += [f"parameter {n!r}" for n in param_names]
+        slots, self._slot_args = [], []
+        for k, grad in enumerate(static_grad_inputs):
+            if grad is not None:
+                slots.append((1 + k, grad, owners[k], labels[k]))
+                self._slot_args.append(self._grad_indices[k] if owners[k] is None else None)
+        held = list(args.statics) + list(outputs.statics) + list(static_grad_outputs)
+        held += [g for g in static_grad_inputs if g is not None]
+        self._grads = GradBuffers(slots, [t for t in held if isinstance(t, _Tensor)], name)
+        self._keep_leaves = any(a is not None for a in self._slot_args)
+        self._lazy_grads = len(outputs.statics) > 1 or bool(outputs.nondiff)
+        self._nondiff = outputs.nondiff
+        function = _function_for(self)
+        self._slow_apply = function.apply
+        self._apply = _c_apply.__get__(None, function) if _c_apply is not None else function.apply
+
+    # -- call path -------------------------------------------------------------------------
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._flat and not kwargs and len(args) == self._nargs:
+            leaves = args
+        else:
+            leaves = self._args.leaves_of(args, kwargs)
+        if self._bwd_replay is not None and _grad_enabled():
+            apply = self._apply if not _functorch_active() else self._slow_apply
+            if self._grad_indices:
+                out = apply(leaves, *[leaves[i] for i in self._grad_indices], *self._params)
+            else:
+                out = apply(leaves, *self._params)
+        elif _grad_enabled():
+            # No gradient can flow: skip autograd, but copy inputs with grad mode off.
+            _set_grad_enabled(False)
+            try:
+                out = self._forward(leaves)
+            finally:
+                _set_grad_enabled(True)
+        else:
+            out = self._forward(leaves)
+        return out if self._direct else self._outputs.assemble(out)
+
+    def _forward(self, leaves) -> Any:
+        guard = self._guard
+        if guard.max_seq >= self._fwd_seq:
+            guard.settle(self._fwd_seq)
+        self._args.load(leaves)
+        if self._autocast[0] or _any_autocast():
+            self._check_autocast()
+        self._gen += 1
+        self._fwd_replay()
+        return self._outputs.hand_out()
+
+    def _backward(self, ctx, grads: tuple) -> tuple:
+        if ctx.gen != self._gen:
+            raise ReplayError(
+                f"backward of graphed callable {self.name} for its call #{ctx.gen}, but its "
+                f"forward graph has been replayed since (got call #{self._gen} as the latest); "
+                f"the graph keeps the activations of the latest call only: run each call's "
+                f"backward before calling the callable again, or graph one copy per use"
+            )
+        guard = self._guard
+        if guard.max_seq >= self._bwd_seq:
+            guard.settle(self._bwd_seq)
+        for k, static, ptr, stride in self._grad_outs:
+            grad = grads[k]
+            if grad is None:  # an output nothing used: its gradient is zero
+                static.zero_()
+            elif grad.data_ptr() != ptr:
+                static.copy_(grad)
+            elif grad.stride() != stride:  # the buffer itself, laid out differently
+                static.copy_(grad.clone())
+        self._bwd_replay()
+        result = [None] * self._n_result
+        handed = self._grads.hand_out(result)
+        leaves = self._leaf_refs(ctx.leaves) if self._keep_leaves else ()
+        guard.record(self._bwd_seq, self._grads, handed, leaves)
+        return tuple(result)
+
+    def _leaf_refs(self, leaves) -> tuple:
+        # The leaf argument tensors gradients went to: their .grad may adopt the gradient.
+        refs = []
+        for index in self._slot_args:
+            value = None if index is None else leaves[index]
+            leaf = isinstance(value, _Tensor) and value.is_leaf
+            refs.append(_ref(value) if leaf else None)
+        return tuple(refs)
+
+    def _check_autocast(self) -> None:
+        now = autocast_state()
+        if now != self._autocast:
+            raise ReplayError(
+                f"graphed callable {self.name} was captured with CUDA autocast "
+                f"{_autocast_text(self._autocast)} (got a call with autocast "
+                f"{_autocast_text(now)}); the casts are part of the graph: call it under the "
+                f"autocast state of the capture, or graph it again"
+            )
+
+    # -- introspection ---------------------------------------------------------------------
+
+    @property
+    def static_inputs(self) -> tuple:
+        return self._args.statics
+
+    @property
+    def static_outputs(self) -> tuple:
+        return self._outputs.statics
+
+    def __deepcopy__(self, memo) -> GraphedCallable:
+        # Like torch's graphed callables (closures): a deep copy of a graphed module shares
+        # the graphs, which read the original parameters.
+        return self
+
+    def __repr__(self) -> str:
+        kind = "forward+backward" if self.backward_graph is not None else "forward"
+        return f"<cugraphrt_torch graphed {self.name} ({kind}, {len(self._args.tensors)} inputs)>"
+
+
+def _replayer(cuda_graph) -> Callable[[], None]:
+    """The graph's replay on torch's current stream, where autograd runs the Function.
+
+    The adapter's ``Graph.replay()`` defaults to CuPy's current stream, which in a torch
+    training loop is not torch's (a loop under ``torch.cuda.stream(s)``); its replay object
+    offers the torch-stream form that ``graph_module`` uses too.
+    """
+    replay = cuda_graph.replay
+    return getattr(replay, "on_torch_stream", replay)
+
+
+def _autocast_text(state: tuple) -> str:
+    return f"on ({state[1]})" if state[0] else "off"
+
+
+def _function_for(rt: GraphedCallable) -> type:
+    """The autograd Function of one graphed callable (forward and backward replays)."""
+
+    def backward_once(ctx, *grads):
+        return rt._backward(ctx, grads)
+
+    # create_graph=True runs backward with grad mode on: then behave like torch's graphed
+    # callables (first-order gradients, an error on differentiating them again).
+    slow_backward = once_differentiable(backward_once)
+
+    def forward(ctx, leaves, *tensors):
+        out = rt._forward(leaves)
+        ctx.gen = rt._gen
+        if rt._keep_leaves:
+            ctx.leaves = leaves
+        if rt._lazy_grads:
+            ctx.set_materialize_grads(False)
+        if rt._nondiff:
+            ctx.mark_non_differentiable(
+                *((out,) if isinstance(out, _Tensor) else [out[k] for k in rt._nondiff]))
+        return out
+
+    def backward(ctx, *grads):
+        if _grad_enabled():
+            return slow_backward(ctx, *grads)
+        return rt._backward(ctx, grads)
+
+    # Named after the callable, so autograd's node reads "Graphed_LinearBackward".
+    name = "Graphed_" + "".join(c if c.isalnum() else "_" for c in rt.name)
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def graphed_forward(rt: GraphedCallable, module: torch.nn.Module, original: Callable
+                    ) -> Callable:
+    """A module's new ``forward``: the graphs in the training mode of the capture, the
+    original forward in the other mode."""
+    training = module.training
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if module.training == training:
+            return rt(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    forward.graphed = rt
+    forward.__wrapped__ = original
+    return forward
