@@ -86,8 +86,29 @@ def cupy_stream_for(ptr: int, device: int) -> cupy.cuda.Stream:
         with _lock:
             if len(_cupy_streams) >= _CACHE_LIMIT:
                 _cupy_streams.clear()
-            stream = _cupy_streams[key] = cupy.cuda.ExternalStream(ptr, device)
+            stream = _cupy_streams[key] = _wrap_cupy_stream(ptr, device)
     return stream
+
+
+class _StreamHandle:
+    """A raw stream handle speaking the CUDA stream protocol (``__cuda_stream__``)."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.ptr)
+
+
+def _wrap_cupy_stream(ptr: int, device: int):
+    # CuPy 14 deprecates ExternalStream in favour of Stream.from_external.
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is None:
+        return cupy.cuda.ExternalStream(ptr, device)
+    with cupy.cuda.Device(device):
+        return from_external(_StreamHandle(ptr))
 
 
 def current_torch_stream_ptr(device: int) -> int:
