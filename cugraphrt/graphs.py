@@ -19,6 +19,17 @@ __all__ = ["Graph", "graph"]
 
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
+# The replay path tests this module global rather than the pool module's attribute: one
+# lookup fewer on every replay.
+_checks_enabled = _pool_module.pool_checks_enabled()
+
+
+def _set_checks_enabled(enabled: bool) -> None:
+    global _checks_enabled
+    _checks_enabled = enabled
+
+
+_pool_module._check_listeners.append(_set_checks_enabled)
 
 
 class _GraphHandles:
@@ -225,7 +236,7 @@ class Graph:
         ReplayError
             Before a successful capture or after :meth:`reset`.
         """
-        if _pool_module._checks_enabled:
+        if _checks_enabled:
             return self._replay_checked(stream)
         try:
             _launch(self._exec, _current_stream().ptr if stream is None else stream.ptr)

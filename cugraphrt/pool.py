@@ -434,6 +434,13 @@ def set_pool_checks(enabled: bool) -> None:
     """
     global _checks_enabled
     _checks_enabled = bool(enabled)
+    for listener in _check_listeners:
+        listener(_checks_enabled)
+
+
+# Modules whose hot paths keep their own copy of the flag (a module global is the cheapest
+# test on a replay); they register a setter here.
+_check_listeners: list = []
 
 
 def pool_checks_enabled() -> bool:

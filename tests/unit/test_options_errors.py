@@ -146,3 +146,16 @@ def test_public_namespace():
                  "PoolOrderError", "CugraphrtError", "PoolStats"):
         assert name in cugraphrt.__all__ and hasattr(cugraphrt, name)
     assert cugraphrt.__version__
+
+
+def test_pool_checks_switch_reaches_the_replay_path(monkeypatch):
+    from cugraphrt import graphs, pool
+
+    monkeypatch.setattr(pool, "_checks_enabled", False)
+    try:
+        cugraphrt.set_pool_checks(True)
+        assert cugraphrt.pool_checks_enabled() and graphs._checks_enabled
+        cugraphrt.set_pool_checks(False)
+        assert not cugraphrt.pool_checks_enabled() and not graphs._checks_enabled
+    finally:
+        cugraphrt.set_pool_checks(False)
