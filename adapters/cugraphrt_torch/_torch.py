@@ -29,7 +29,7 @@ _checked = False
 # can be reused by a new stream after the old one is destroyed (the wrapper stays valid:
 # it is only the handle).
 _torch_streams: dict[tuple[int, int], object] = {}
-_cupy_streams: dict[tuple[int, int], cupy.cuda.ExternalStream] = {}
+_cupy_streams: dict[tuple[int, int], cupy.cuda.Stream] = {}
 _CACHE_LIMIT = 64
 
 
@@ -62,32 +62,30 @@ def require_cuda(what: str) -> None:
     _checked = True
 
 
+def _cached(cache: dict, key: tuple[int, int], make):
+    """``cache[key]``, built by ``make()`` on a miss; the cache is bounded by _CACHE_LIMIT."""
+    stream = cache.get(key)
+    if stream is None:
+        with _lock:
+            if len(cache) >= _CACHE_LIMIT:
+                cache.clear()
+            stream = cache[key] = make()
+    return stream
+
+
 def torch_stream_for(ptr: int, device: int):
     """A torch stream object for the raw stream handle ``ptr`` on ``device``."""
     if ptr == 0:
         return torch.cuda.default_stream(device)
-    key = (ptr, device)
-    stream = _torch_streams.get(key)
-    if stream is None:
-        with _lock:
-            if len(_torch_streams) >= _CACHE_LIMIT:
-                _torch_streams.clear()
-            stream = _torch_streams[key] = torch.cuda.ExternalStream(ptr, device=device)
-    return stream
+    return _cached(_torch_streams, (ptr, device),
+                   lambda: torch.cuda.ExternalStream(ptr, device=device))
 
 
 def cupy_stream_for(ptr: int, device: int) -> cupy.cuda.Stream:
     """A CuPy stream object for the raw stream handle ``ptr`` on ``device``."""
     if ptr == 0:
         return cupy.cuda.Stream.null
-    key = (ptr, device)
-    stream = _cupy_streams.get(key)
-    if stream is None:
-        with _lock:
-            if len(_cupy_streams) >= _CACHE_LIMIT:
-                _cupy_streams.clear()
-            stream = _cupy_streams[key] = _wrap_cupy_stream(ptr, device)
-    return stream
+    return _cached(_cupy_streams, (ptr, device), lambda: _wrap_cupy_stream(ptr, device))
 
 
 class _StreamHandle:
