@@ -7,8 +7,8 @@ The public namespace is assembled here from the modules that own each concept; s
 from __future__ import annotations
 
 from . import errors as _errors
-from . import graphs as _graphs
 from . import graphed as _graphed
+from . import graphs as _graphs
 from . import options as _options
 from . import pool as _pool
 from ._capture import is_current_stream_capturing
@@ -20,8 +20,8 @@ from .errors import (
     PoolOutOfMemoryError,
     ReplayError,
 )
-from .graphs import Graph, default_capture_stream, graph
 from .graphed import GraphedFunction, make_graphed
+from .graphs import Graph, default_capture_stream, graph
 from .options import CaptureOptions, GeneratorState, MakeGraphedOptions, PoolStats
 from .pool import (
     MemPool,

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 
+import cugraphrt_torch
 import cupy
 import torch
 
 import cugraphrt
-import cugraphrt_torch
 
 BATCH = 8
 

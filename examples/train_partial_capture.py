@@ -14,10 +14,9 @@ from __future__ import annotations
 import copy
 import time
 
+import cugraphrt_torch
 import torch
 import torch.nn.functional as F
-
-import cugraphrt_torch
 
 BATCH, D_IN, HIDDEN, CLASSES = 64, 512, 1024, 10
 

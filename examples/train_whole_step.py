@@ -14,10 +14,10 @@ from __future__ import annotations
 import copy
 import time
 
+import cugraphrt_torch
 import torch
 
 import cugraphrt
-import cugraphrt_torch
 
 BATCH, D_IN, HIDDEN, D_OUT, STEPS, WARMUP = 64, 256, 512, 16, 50, 3
 

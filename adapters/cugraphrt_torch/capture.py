@@ -195,7 +195,7 @@ class _Session:
                 # The core warns about an empty graph itself.
                 warnings.filterwarnings("ignore", message=".*CUDA Graph is empty.*")
                 self.torch_graph.capture_end()
-        except Exception as exc:  # noqa: BLE001 - any failure must leave torch clean
+        except Exception as exc:
             self.unwind()
             translated = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()")
             if translated is None:
@@ -218,7 +218,7 @@ class _Session:
         try:
             self.torch_graph.instantiate()
             exec_handle = int(self.torch_graph.raw_cuda_graph_exec())
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             cuda_graph._adopt(owner, raw_graph, 0)  # torch owns the handles: let it free them
             cuda_graph.reset()
             raise CaptureError(f"torch could not instantiate the captured graph (got: {exc}); "

@@ -5,11 +5,10 @@ from __future__ import annotations
 import gc
 
 import cupy
-import numpy as np
 import pytest
 
 import cugraphrt
-from cugraphrt import Graph, MemPool, PoolOrderError, PoolOutOfMemoryError, graph
+from cugraphrt import Graph, PoolOrderError, PoolOutOfMemoryError, graph
 
 pytestmark = pytest.mark.gpu
 

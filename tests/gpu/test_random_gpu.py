@@ -6,7 +6,6 @@ import cupy
 import numpy as np
 import pytest
 
-import cugraphrt
 import cugraphrt.random as crandom
 from cugraphrt import CaptureError, Graph, OptionsError, graph
 from cugraphrt._philox import reference_randint, reference_uniform

@@ -20,8 +20,9 @@ def exact_math():
 def capture_stream():
     """cugraphrt's capture stream as a torch stream (warm-ups run there, like captures)."""
     torch = pytest.importorskip("torch")
-    import cugraphrt
     from cugraphrt_torch import _torch
+
+    import cugraphrt
 
     stream = cugraphrt.default_capture_stream()
     return _torch.torch_stream_for(stream.ptr, torch.cuda.current_device())

@@ -7,9 +7,8 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 import cugraphrt_torch
+import torch
 
 
 def mlp():

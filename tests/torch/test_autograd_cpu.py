@@ -16,13 +16,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cugraphrt import _tree  # noqa: E402
-from cugraphrt.errors import CugraphrtError, OptionsError, ReplayError  # noqa: E402
 from cugraphrt_torch import _autograd_guard  # noqa: E402
 from cugraphrt_torch._autograd_guard import AliasGuard, GradBuffers  # noqa: E402
 from cugraphrt_torch._autograd_plan import ArgPlan, OutputPlan, name_of  # noqa: E402
 from cugraphrt_torch._autograd_runtime import GraphedCallable, graphed_forward  # noqa: E402
 from cugraphrt_torch.autograd import make_graphed_callables  # noqa: E402
+
+from cugraphrt import _tree  # noqa: E402
+from cugraphrt.errors import CugraphrtError, OptionsError, ReplayError  # noqa: E402
 
 F64 = torch.float64
 

@@ -15,11 +15,12 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA build of torch", allow_module_level=True)
 
-import cugraphrt  # noqa: E402
 import cugraphrt_torch  # noqa: E402
-from cugraphrt.errors import OptionsError, ReplayError  # noqa: E402
 from cugraphrt_torch._autograd_guard import GradBuffers  # noqa: E402
 from cugraphrt_torch.autograd import make_graphed_callables  # noqa: E402
+
+import cugraphrt  # noqa: E402
+from cugraphrt.errors import OptionsError, ReplayError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -8,11 +8,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
+from cugraphrt_torch import _alloc  # noqa: E402
 
 import cugraphrt  # noqa: E402
-import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _alloc  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
@@ -121,7 +121,7 @@ def test_cupy_and_torch_graphs_share_one_pool(capture_stream):
     shared = cugraphrt.graph_pool_handle()
     (g1, out1), (g2, out2) = capture_both(shared, shared)
     separate_cupy, separate_torch = cugraphrt.graph_pool_handle(), cugraphrt.graph_pool_handle()
-    kept = capture_both(separate_cupy, separate_torch)  # noqa: F841 - graphs stay alive
+    kept = capture_both(separate_cupy, separate_torch)
 
     # Torch's bytes are in the pools, and sharing reuses the CuPy graph's freed temporaries.
     assert _in_cugraphrt_pool(out2) and _in_cugraphrt_pool(kept[1][1])

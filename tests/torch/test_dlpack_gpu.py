@@ -9,12 +9,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
+from cugraphrt_torch.dlpack import cupy_dtype_name  # noqa: E402
 
 import cugraphrt  # noqa: E402
-import cugraphrt_torch  # noqa: E402
 from cugraphrt import OptionsError  # noqa: E402
-from cugraphrt_torch.dlpack import cupy_dtype_name  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

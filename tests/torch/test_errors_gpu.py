@@ -6,10 +6,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
 
 import cugraphrt  # noqa: E402
-import cugraphrt_torch  # noqa: E402
 from cugraphrt import CaptureError  # noqa: E402
 
 pytestmark = pytest.mark.gpu

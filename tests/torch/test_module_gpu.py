@@ -8,8 +8,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import cugraphrt  # noqa: E402
 import cugraphrt_torch  # noqa: E402
+
+import cugraphrt  # noqa: E402
 from cugraphrt import ReplayError  # noqa: E402
 
 pytestmark = pytest.mark.gpu

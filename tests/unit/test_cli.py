@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NO_GPU_REASON
-
 from cugraphrt.cli import NO_GPU_EXIT_CODE, InfoResult, main
+from tests.conftest import NO_GPU_REASON
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_no_gpu = pytest.mark.skipif(NO_GPU_REASON is None, reason="a GPU is present")

@@ -14,8 +14,8 @@ from cugraphrt import (
     PoolOrderError,
     PoolOutOfMemoryError,
     ReplayError,
+    _cuda,
 )
-from cugraphrt import _cuda
 from cugraphrt.options import (
     CaptureOptions,
     GeneratorState,
