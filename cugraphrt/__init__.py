@@ -20,9 +20,16 @@ from .errors import (
     PoolOutOfMemoryError,
     ReplayError,
 )
-from .graphed import GraphedFunction, make_graphed
+from .graphed import BucketedFunction, GraphedFunction, make_graphed
 from .graphs import Graph, default_capture_stream, graph
-from .options import CaptureOptions, GeneratorState, MakeGraphedOptions, PoolStats
+from .options import (
+    BucketStat,
+    BucketStats,
+    CaptureOptions,
+    GeneratorState,
+    MakeGraphedOptions,
+    PoolStats,
+)
 from .pool import (
     MemPool,
     empty_cache,
@@ -39,7 +46,8 @@ __all__ = sorted(
     | set(_graphs.__all__)
     | set(_graphed.__all__)
     | set(_pool.__all__)
-    | {"CaptureOptions", "MakeGraphedOptions", "PoolStats", "GeneratorState"}
+    | {"CaptureOptions", "MakeGraphedOptions", "PoolStats", "GeneratorState", "BucketStat",
+       "BucketStats"}
     | {"is_current_stream_capturing", "default_capture_stream", "random", "__version__"}
 )
 

@@ -1,22 +1,25 @@
-"""make_graphed: turn a plain CuPy function into a replayed graph."""
+"""make_graphed: turn a plain CuPy function into a replayed graph (or one per shape bucket)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import cupy
 
-from . import _tree
+from . import _cuda, _tree
+from .buckets import Bucketed, CapturedBucket
 from .errors import OptionsError, ReplayError
 from .graphs import Graph, graph
 from .options import MakeGraphedOptions, validate_options
 from .pool import MemPool
 
-__all__ = ["make_graphed", "GraphedFunction"]
+__all__ = ["make_graphed", "GraphedFunction", "BucketedFunction"]
 
 _ndarray = cupy.ndarray
 _copyto = cupy.copyto
+_current_stream = cupy.cuda.get_current_stream
+_launch = _cuda.graph_launch
 
 
 def make_graphed(
@@ -26,12 +29,25 @@ def make_graphed(
     num_warmup_iters: int = 3,
     pool: MemPool | None = None,
     copy_outputs: bool = False,
-) -> GraphedFunction:
+    buckets: Any = None,
+    dynamic_dim: int | tuple[int | None, ...] = 0,
+    pad: Any = 0,
+    memory_budget: int | None = None,
+    strict: bool = False,
+) -> GraphedFunction | BucketedFunction:
     """Capture ``fn(*sample_args)`` once and return a callable that replays it.
 
     The sample arrays become the graph's static inputs. Each call copies new inputs into
     them (no copy when the caller passes a static input itself), replays the graph and
     returns the static outputs.
+
+    With ``buckets``, one callable serves every size of a dynamic dimension: a call whose
+    dynamic size is ``n`` replays the graph of the smallest bucket ``>= n`` (captured on
+    first use, or all at once by :meth:`BucketedFunction.capture_all`), its inputs copied
+    into that bucket's static buffers with the rows past ``n`` padded, and outputs that carry
+    the bucket's size in the dynamic dimension come back as views of their first ``n`` rows.
+    Padding is correct for functions whose rows are independent of each other (most
+    inference: per-sample layers, row-wise matmuls); see ``docs/shapes.md`` for the others.
 
     Parameters
     ----------
@@ -47,10 +63,26 @@ def make_graphed(
     copy_outputs : bool, default False
         Return copies of the outputs. By default the static outputs are returned, and the
         next call overwrites them.
+    buckets : "pow2" or sequence of int, optional
+        Sizes of the dynamic dimension to capture a graph for: a strictly increasing list,
+        or ``"pow2"`` for 1, 2, 4, ... up to the sample's size (and the sample's size).
+    dynamic_dim : int or tuple of (int or None), default 0
+        The dynamic dimension of every array argument that has it, or one entry per
+        argument (None: not dynamic). Outputs are cut along the first dynamic argument's.
+    pad : number or callable, default 0
+        Value of the rows past ``n``, or ``pad(rows, path)`` filling the view ``rows`` of the
+        argument at ``path`` (e.g. ``"args[1]"``) in place, called on every padded call.
+    memory_budget : int, optional
+        Bytes the shared pool may reserve: after a capture, least-recently-used buckets'
+        graphs are released until the measured reserved bytes fit (captured again on use).
+    strict : bool, default False
+        Raise :class:`ReplayError` for a call no bucket serves (size above the largest
+        bucket, another dtype or non-dynamic shape) instead of running ``fn`` eagerly with
+        a warning naming the reason (once per reason).
 
     Returns
     -------
-    GraphedFunction
+    GraphedFunction, or BucketedFunction with ``buckets``
 
     Raises
     ------
@@ -66,18 +98,30 @@ def make_graphed(
     if not isinstance(sample_args, (tuple, list)):
         sample_args = (sample_args,)
     sample_args = tuple(sample_args)
-    leaves, spec, paths = _tree.flatten(sample_args, "args")
-    device_id = cupy.cuda.runtime.getDevice()
-    for leaf, path in zip(leaves, paths):
-        if isinstance(leaf, _ndarray) and leaf.data.device_id != device_id:
-            raise OptionsError("sample_args", path, f"arrays on the current device "
-                               f"{device_id} (got {path} on device {leaf.data.device_id})")
-
+    if buckets is not None:
+        if not isinstance(strict, bool):
+            raise OptionsError("strict", strict, "allowed values are True and False")
+        if pool is not None and not isinstance(pool, MemPool):
+            raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
+        return BucketedFunction(fn, sample_args, options.num_warmup_iters, pool=pool,
+                                copy_outputs=options.copy_outputs, buckets=buckets,
+                                dynamic_dim=dynamic_dim, pad=pad,
+                                memory_budget=memory_budget, strict=strict)
+    _check_devices(sample_args)
     _warm_up(fn, sample_args, options.num_warmup_iters)
     cuda_graph = Graph()
     with graph(cuda_graph, pool=pool):
         outputs = fn(*sample_args)
     return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs)
+
+
+def _check_devices(sample_args: tuple) -> None:
+    leaves, _, paths = _tree.flatten(sample_args, "args")
+    device_id = cupy.cuda.runtime.getDevice()
+    for leaf, path in zip(leaves, paths, strict=True):
+        if isinstance(leaf, _ndarray) and leaf.data.device_id != device_id:
+            raise OptionsError("sample_args", path, f"arrays on the current device "
+                               f"{device_id} (got {path} on device {leaf.data.device_id})")
 
 
 def _warm_up(fn: Callable, args: tuple, iterations: int) -> None:
@@ -117,7 +161,7 @@ class GraphedFunction:
         # One entry per leaf, everything the call path needs precomputed.
         self._arrays = []
         self._constants = []
-        for index, (leaf, path) in enumerate(zip(leaves, paths)):
+        for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
             if isinstance(leaf, _ndarray):
                 self._arrays.append((index, leaf, leaf.shape, leaf.dtype, leaf.data.device_id,
                                      leaf.nbytes, bool(leaf._c_contiguous), path))
@@ -128,7 +172,7 @@ class GraphedFunction:
 
     def __call__(self, *args: Any) -> Any:
         if self._flat and len(args) == self._num_leaves:
-            leaves = args
+            leaves: Sequence[Any] = args
         else:
             leaves = self._structured_leaves(args)
         for index, static, shape, dtype, device, nbytes, contiguous, path in self._arrays:
@@ -191,3 +235,77 @@ def _mismatch(path: str, static: Any, value: Any) -> ReplayError:
         f"{_describe(value)}); pass a CuPy array of the captured shape, dtype and device, "
         f"or graph the function again for the new shape"
     )
+
+
+class _CupyOps:
+    """How the bucket machinery handles CuPy arrays."""
+
+    array_type = _ndarray
+
+    @staticmethod
+    def describe(value: Any) -> str:
+        return _describe(value)
+
+    @staticmethod
+    def empty(like: cupy.ndarray, shape: tuple[int, ...]) -> cupy.ndarray:
+        return cupy.empty(shape, dtype=like.dtype)
+
+    @staticmethod
+    def is_contiguous(array: cupy.ndarray) -> bool:
+        return bool(array._c_contiguous)
+
+    @staticmethod
+    def copy(dst: cupy.ndarray, src: cupy.ndarray) -> None:
+        if dst._c_contiguous and src._c_contiguous:
+            dst.data.copy_from_device_async(src.data, src.nbytes)  # one memcpy, no kernel
+        else:
+            _copyto(dst, src)
+
+    @staticmethod
+    def fill(rows: cupy.ndarray, value: float) -> None:
+        if value == 0 and rows._c_contiguous:
+            rows.data.memset_async(0, rows.nbytes)  # no kernel launch
+        else:
+            rows.fill(value)
+
+    @staticmethod
+    def clone(array: cupy.ndarray) -> cupy.ndarray:
+        return array.copy()
+
+
+class BucketedFunction(Bucketed):
+    """A CuPy function graphed once per shape bucket: call it like the original.
+
+    Made by :func:`make_graphed` with ``buckets``. All buckets share one pool
+    (:attr:`pool`); outputs are valid until the next call.
+
+    Attributes
+    ----------
+    buckets : tuple of int
+        The bucket sizes, smallest first.
+    pool : MemPool
+        The pool every bucket's graph allocates from.
+    """
+
+    def __init__(self, fn: Callable, sample_args: tuple, num_warmup_iters: int, *,
+                 pool: MemPool | None, copy_outputs: bool, buckets: Any,
+                 dynamic_dim: Any, pad: Any, memory_budget: int | None, strict: bool) -> None:
+        _check_devices(sample_args)
+        self.__wrapped__ = fn
+        name = getattr(fn, "__name__", type(fn).__name__)
+
+        def capture(args: tuple) -> CapturedBucket:
+            _warm_up(fn, args, num_warmup_iters)
+            cuda_graph = Graph()
+            with graph(cuda_graph, pool=self.pool):
+                outputs = fn(*args)
+            # The bucket graphs of one pool may replay in any order (see cugraphrt.buckets):
+            # launch directly, past the pool-order checks.
+            exec_handle = cuda_graph.raw_graph_exec
+            return CapturedBucket(
+                lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset)
+
+        super().__init__(ops=_CupyOps(), sample_args=sample_args, buckets=buckets,
+                         dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
+                         strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
+                         eager=fn, name=name)

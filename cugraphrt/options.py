@@ -20,6 +20,8 @@ __all__ = [
     "MakeGraphedOptions",
     "PoolStats",
     "GeneratorState",
+    "BucketStat",
+    "BucketStats",
     "validate_options",
 ]
 
@@ -102,6 +104,84 @@ class GeneratorState(_Frozen):
 
     seed: int = Field(ge=0, lt=2**64)
     offset: int = Field(ge=0, lt=2**64)
+
+
+class BucketStat(_Frozen):
+    """The counters of one shape bucket of a bucketed callable.
+
+    Attributes
+    ----------
+    size : int
+        The bucket: calls of size up to it (and above the next smaller bucket) replay its graph.
+    captured : bool
+        Whether the bucket's graph is captured now (False before first use or after eviction).
+    calls : int
+        Calls served by the bucket's graph.
+    captures : int
+        Times the bucket was captured (more than 1 after evictions).
+    evictions : int
+        Times its graph was released to honour ``memory_budget`` (or by ``release()``).
+    padded_rows : int
+        Rows of padding replayed in all: the sum of ``size - n`` over its calls.
+    capture_seconds : float
+        Wall time spent capturing it (warm-up included), all captures together.
+    reserved_growth_bytes : int
+        How much the shared pool's reserved bytes grew during its last capture.
+    """
+
+    size: int = Field(ge=1)
+    captured: bool
+    calls: int = Field(ge=0)
+    captures: int = Field(ge=0)
+    evictions: int = Field(ge=0)
+    padded_rows: int = Field(ge=0)
+    capture_seconds: float = Field(ge=0)
+    reserved_growth_bytes: int = Field(ge=0)
+
+
+class BucketStats(_Frozen):
+    """A snapshot of a bucketed callable: per-bucket counters, fallbacks and the pool.
+
+    Attributes
+    ----------
+    buckets : tuple of BucketStat
+        One entry per bucket, smallest first.
+    eager_calls : int
+        Calls that ran eagerly because no bucket could serve them.
+    fallbacks : dict of str to int
+        Eager calls by reason: ``above`` (size above the largest bucket), ``empty``, ``dtype``,
+        ``shape`` (a non-dynamic dimension changed), ``sizes`` (dynamic arguments disagree),
+        ``type``, ``structure``, ``static``, ``constant``, ``budget``.
+    memory_budget : int or None
+        The budget the pool's reserved bytes are held under.
+    pool : PoolStats
+        The one pool all buckets share.
+    """
+
+    buckets: tuple[BucketStat, ...]
+    eager_calls: int = Field(ge=0)
+    fallbacks: dict[str, int]
+    memory_budget: int | None
+    pool: PoolStats
+
+    def __str__(self) -> str:
+        from .errors import _fmt_bytes
+
+        header = ("bucket", "captured", "calls", "captures", "evictions", "padded rows",
+                  "capture ms", "pool growth")
+        rows = [header] + [(
+            str(b.size), "yes" if b.captured else "no", str(b.calls), str(b.captures),
+            str(b.evictions), str(b.padded_rows), f"{b.capture_seconds * 1e3:.1f}",
+            _fmt_bytes(b.reserved_growth_bytes)) for b in self.buckets]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.fallbacks.items())) or "none"
+        budget = "none" if self.memory_budget is None else _fmt_bytes(self.memory_budget)
+        lines.append(f"eager calls: {self.eager_calls} ({reasons})")
+        lines.append(f"pool {self.pool.pool_id}: reserved {_fmt_bytes(self.pool.reserved_bytes)}"
+                     f", active {_fmt_bytes(self.pool.active_bytes)}, "
+                     f"{self.pool.live_graphs} graphs, budget {budget}")
+        return "\n".join(lines)
 
 
 _Model = typing.TypeVar("_Model", bound=BaseModel)

@@ -4,7 +4,8 @@
 * :class:`graph`: capture torch work (and CuPy work on the same stream) into a
   :class:`cugraphrt.Graph`, with torch's memory from the cugraphrt pool and a graph-safe
   CUDA RNG.
-* :func:`graph_module`: a module's inference forward as a replayed graph.
+* :func:`graph_module`: a module's inference forward as a replayed graph, or with
+  ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
 * :func:`make_graphed_callables`: forward and backward graphs for training, a drop-in for
   ``torch.cuda.make_graphed_callables`` that accumulates gradients safely.
 
@@ -14,9 +15,10 @@ See ``docs/torch.md`` and ``docs/training.md`` for the design, and ``examples/``
 from __future__ import annotations
 
 from .autograd import make_graphed_callables
+from .bucketed import BucketedModule
 from .capture import graph
 from .dlpack import from_cupy, to_cupy
 from .module import GraphedModule, graph_module
 
-__all__ = ["GraphedModule", "from_cupy", "graph", "graph_module", "make_graphed_callables",
+__all__ = ["BucketedModule", "GraphedModule", "from_cupy", "graph", "graph_module", "make_graphed_callables",
            "to_cupy"]

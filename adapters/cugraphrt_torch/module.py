@@ -16,6 +16,7 @@ from cugraphrt.options import MakeGraphedOptions, validate_options
 from cugraphrt.pool import MemPool
 
 from . import _torch
+from .bucketed import BucketedModule
 from .capture import graph
 
 __all__ = ["graph_module", "GraphedModule"]
@@ -25,7 +26,9 @@ _Tensor = torch.Tensor
 
 def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None = None,
                  num_warmup_iters: int = 3, copy_outputs: bool = False,
-                 strict: bool = False) -> GraphedModule:
+                 strict: bool = False, buckets: Any = None,
+                 dynamic_dim: int | tuple[int | None, ...] = 0, pad: Any = 0,
+                 memory_budget: int | None = None) -> GraphedModule | BucketedModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
     The sample tensors become the graph's static inputs. Each call copies its tensors into
@@ -51,10 +54,15 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         Raise :class:`cugraphrt.ReplayError` for a call that does not match the capture
         (argument count, shape, dtype or device, or a changed ``training`` flag) instead of
         running it eagerly with a one-time warning naming the reason.
+    buckets, dynamic_dim, pad, memory_budget
+        Serve every size of a dynamic dimension with one graph per bucket, exactly as
+        :func:`cugraphrt.make_graphed` does for CuPy functions (same machinery): a call of
+        size ``n`` replays the smallest bucket ``>= n`` with its inputs padded, and outputs
+        carrying the bucket's size come back as views of their first ``n`` rows.
 
     Returns
     -------
-    GraphedModule
+    GraphedModule, or BucketedModule with ``buckets``
 
     Raises
     ------
@@ -72,6 +80,17 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     args = _sample_tuple(sample_args)
     device = _sample_device(module, args)
     _torch.require_cuda("cugraphrt_torch.graph_module()")
+    if buckets is not None:
+        if pool is not None and not isinstance(pool, MemPool):
+            raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
+        with torch.inference_mode(False):
+            # Inference tensors cannot be written outside inference mode: own plain copies.
+            own = tuple(a.clone() if a.is_inference() else a for a in args)
+        return BucketedModule(
+            module, own, device,
+            warm_up=lambda statics: _warm_up(module, statics, options.num_warmup_iters, device),
+            pool=pool, copy_outputs=options.copy_outputs, buckets=buckets,
+            dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict)
     with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.

@@ -1,0 +1,131 @@
+"""graph_module with buckets: a torch module's forward graphed once per shape bucket.
+
+The bucket machinery is the core's (:mod:`cugraphrt.buckets`); this module only says how torch
+tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
+captures its one shape: warm-up on the capture stream under ``torch.no_grad()``, then a
+capture owned by torch's ``CUDAGraph`` with memory from the shared cugraphrt pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import cupy
+import torch
+
+from cugraphrt.buckets import Bucketed, CapturedBucket
+from cugraphrt.errors import ReplayError
+from cugraphrt.graphs import Graph
+from cugraphrt.pool import MemPool
+
+from .capture import graph
+
+__all__ = ["BucketedModule"]
+
+
+class _TorchOps:
+    """How the bucket machinery handles torch tensors (all work on torch's current stream)."""
+
+    array_type = torch.Tensor
+
+    @staticmethod
+    def describe(value: Any) -> str:
+        if isinstance(value, torch.Tensor):
+            return f"shape {tuple(value.shape)} {value.dtype} on {value.device}"
+        return f"{type(value).__name__} {value!r}"
+
+    @staticmethod
+    def empty(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+
+    @staticmethod
+    def is_contiguous(array: torch.Tensor) -> bool:
+        return array.is_contiguous()
+
+    @staticmethod
+    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
+        dst.copy_(src)
+
+    @staticmethod
+    def fill(rows: torch.Tensor, value: float) -> None:
+        rows.fill_(value)
+
+    @staticmethod
+    def clone(array: torch.Tensor) -> torch.Tensor:
+        return array.clone()
+
+
+class BucketedModule:
+    """A module's inference forward graphed once per shape bucket: call it like the module.
+
+    Made by :func:`cugraphrt_torch.graph_module` with ``buckets``. All buckets share one
+    cugraphrt pool; outputs are valid until the next call. A call made while the module's
+    ``training`` flag differs from the capture's runs the module eagerly (see ``strict``).
+
+    Attributes
+    ----------
+    module : torch.nn.Module
+    buckets : tuple of int
+        The bucket sizes, smallest first.
+    pool : cugraphrt.MemPool
+        The pool every bucket's graph allocates from.
+    """
+
+    def __init__(self, module: torch.nn.Module, sample_args: tuple, device: int, *,
+                 warm_up: Callable[[tuple], None], pool: MemPool | None, copy_outputs: bool,
+                 buckets: Any, dynamic_dim: Any, pad: Any, memory_budget: int | None,
+                 strict: bool) -> None:
+        self.module = module
+        self._training = module.training
+        self._strict = strict
+        self._device = device
+
+        def capture(args: tuple) -> CapturedBucket:
+            with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
+                    cupy.cuda.Device(device):
+                warm_up(args)
+                cuda_graph = Graph()
+                session = graph(cuda_graph, pool=self._core.pool)
+                with session:
+                    outputs = module(*args)
+            assert session._replay is not None
+            # Torch's own replay, on torch's current stream, past the pool-order checks: the
+            # bucket graphs of one pool may replay in any order (see cugraphrt.buckets).
+            return CapturedBucket(session._replay._replay, outputs, cuda_graph.reset)
+
+        def eager(*args: Any) -> Any:
+            with torch.no_grad():
+                return module(*args)
+
+        with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device):
+            self._core = Bucketed(
+                ops=_TorchOps(), sample_args=sample_args, buckets=buckets,
+                dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
+                pool=pool, copy_outputs=copy_outputs, capture=capture, eager=eager,
+                name=type(module).__name__)
+        self._eager = eager
+        self.buckets = self._core.buckets
+        self.pool = self._core.pool
+        self.stats = self._core.stats
+        self.release = self._core.release
+
+    def __call__(self, *args: Any) -> Any:
+        if self.module.training != self._training:
+            message = (f"the module's training flag changed since capture (expected "
+                       f"training={self._training}, got training={self.module.training})")
+            if self._strict:
+                raise ReplayError(message + "; restore it, or graph the module again "
+                                  "(strict=True)")
+            return self._core._fallback(args, "training", message)
+        with torch.no_grad():
+            return self._core(*args)
+
+    def capture_all(self, progress: bool | None = None) -> None:
+        """Capture every bucket not captured yet, largest first (see
+        :meth:`cugraphrt.BucketedFunction.capture_all`)."""
+        self._core.capture_all(progress)
+
+    def __repr__(self) -> str:
+        return f"<cugraphrt_torch.BucketedModule of {type(self.module).__name__}: " \
+               f"buckets {list(self.buckets)}, pool {self.pool.id}>"

@@ -1,0 +1,90 @@
+"""graph_module with shape buckets: one torch module for every batch size."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cugraphrt_torch import BucketedModule, graph_module  # noqa: E402
+
+from cugraphrt import ReplayError  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def convnet():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 16, 3, padding=1), torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(16, 10),
+    ).cuda().eval()
+
+
+def test_every_size_equals_eager_on_the_unpadded_input(exact_math):
+    model = convnet()
+    graphed = graph_module(model, torch.randn(8, 3, 16, 16, device="cuda"), buckets="pow2")
+    assert isinstance(graphed, BucketedModule) and graphed.buckets == (1, 2, 4, 8)
+    for n in [1, 2, 3, 4, 5, 6, 7, 8, 8, 3, 1, 6]:
+        x = torch.randn(n, 3, 16, 16, device="cuda")
+        out = graphed(x)
+        with torch.no_grad():
+            expected = model(x)
+        assert out.shape == (n, 10)
+        torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    stats = graphed.stats()
+    assert [b.captures for b in stats.buckets] == [1, 1, 1, 1] and stats.eager_calls == 0
+    assert stats.pool.live_graphs == 4
+
+
+def test_capture_all_shares_one_pool_about_the_largest_alone():
+    model = convnet()
+    sample = torch.randn(32, 3, 32, 32, device="cuda")
+    alone = graph_module(model, sample, buckets=[32])
+    alone.capture_all(progress=False)
+    largest = alone.pool.stats().reserved_bytes
+    every = graph_module(model, sample, buckets="pow2")
+    every.capture_all(progress=False)
+    stats = every.stats()
+    assert stats.pool.live_graphs == 6
+    assert stats.pool.reserved_bytes <= 1.3 * largest, (stats.pool.reserved_bytes, largest)
+
+
+def test_fallbacks_strict_and_training_flag():
+    model = convnet()
+    graphed = graph_module(model, torch.randn(4, 3, 8, 8, device="cuda"), buckets="pow2")
+    x = torch.randn(6, 3, 8, 8, device="cuda")
+    with pytest.warns(UserWarning, match="above the largest bucket 4"):
+        out = graphed(x)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x))
+    with pytest.warns(UserWarning, match="only dimension 0 may vary"):
+        graphed(torch.randn(2, 3, 9, 8, device="cuda"))
+    model.train()
+    with pytest.warns(UserWarning, match="training flag changed"):
+        graphed(torch.randn(2, 3, 8, 8, device="cuda"))
+    model.eval()
+    assert graphed.stats().fallbacks == {"above": 1, "shape": 1, "training": 1}
+    strict = graph_module(model, torch.randn(4, 3, 8, 8, device="cuda"), buckets=[2, 4],
+                          strict=True)
+    with pytest.raises(ReplayError, match="above the largest bucket 4"):
+        strict(x)
+
+
+def test_memory_budget_under_torch_evicts_and_stays_correct(exact_math):
+    model = convnet()
+    sample = torch.randn(16, 3, 32, 32, device="cuda")
+    full = graph_module(model, sample, buckets=[4, 8, 16])
+    full.capture_all(progress=False)
+    all_bytes = full.pool.stats().reserved_bytes
+    del full
+    budget = all_bytes * 2 // 3
+    graphed = graph_module(model, sample, buckets=[4, 8, 16], memory_budget=budget)
+    for n in (16, 3, 9, 15, 4, 8):
+        x = torch.randn(n, 3, 32, 32, device="cuda")
+        with torch.no_grad():
+            expected = model(x)
+        torch.testing.assert_close(graphed(x), expected, rtol=1e-4, atol=1e-4)
+        assert graphed.pool.stats().reserved_bytes <= budget
+    stats = graphed.stats()
+    assert sum(b.evictions for b in stats.buckets) >= 1 and stats.eager_calls == 0
