@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable, Iterator
+from typing import Any
 
 __all__ = ["ALIGNMENT", "Block", "Segment", "BlockArena", "segment_size_for"]
 
@@ -115,8 +116,11 @@ class BlockArena:
         size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
         small = size <= SMALL_REQUEST_BYTES
         lists = self._free_lists
-        best = best_entries = best_index = best_key = None
-        key = (None, small)
+        best: tuple[int, int] | None = None
+        best_entries: Any = None  # set together with best
+        best_index: Any = None
+        best_key: Any = None
+        key: tuple[Hashable | None, bool] = (None, small)
         entries = lists.get(key)
         if entries:
             i = bisect.bisect_left(entries, (size, 0))

@@ -138,7 +138,7 @@ def ensure_capture_handle(device_id: int) -> int:
     if handle is None:
         out = _vp(0)
         _check(_lib().create(ctypes.byref(out)), "cublasCreate")
-        handle = by_device[device_id] = int(out.value)
+        handle = by_device[device_id] = int(out.value or 0)
     return handle
 
 
@@ -212,7 +212,7 @@ def _capturable(name: str, original, c_function_name: str):
                 f"{status}); check the operands, or run this product outside the capture"
             )
 
-    gemm.__cugraphrt_original__ = original
+    gemm.__cugraphrt_original__ = original  # type: ignore[attr-defined]
     return gemm
 
 

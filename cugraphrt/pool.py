@@ -29,12 +29,13 @@ from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
 from ._blocks import BlockArena
+from ._replay_order import ReplayOrder
 from .backing import (
     BackingOutOfMemoryError,
     CudaBackingAllocator,
     check_backing,
 )
-from .errors import CaptureError, PoolOrderError, PoolOutOfMemoryError, _fmt_bytes
+from .errors import CaptureError, PoolOutOfMemoryError, _fmt_bytes
 from .options import PoolStats
 
 __all__ = [
@@ -87,7 +88,7 @@ class MemPool:
         self._live_graphs = 0
         self._capture_token: Hashable | None = None
         self._baseline: tuple[int, int] | None = None
-        self._order = _ReplayOrder()
+        self._order = ReplayOrder()
         _all_pools.add(self)
         # Segments go back when the pool object dies; the finalizer holds only the arena.
         weakref.finalize(self, _release_all, self._arena)
@@ -194,7 +195,7 @@ class MemPool:
                 arena.forget_owner(token)
                 arena.settle()
             else:
-                peak, _ = self._baseline
+                peak, _ = self._baseline or (arena.peak_active_bytes, 0)
                 arena.mark_owned_segments(token)
                 arena.settle()
                 arena.release_free_segments(only_marked=True)
@@ -293,69 +294,6 @@ def _release_all(arena: BlockArena) -> None:
         pass
 
 
-class _ReplayOrder:
-    """Replay-order and concurrency bookkeeping of the graphs sharing one pool.
-
-    Allowed transitions between replays: the same graph again, the next graph in capture
-    order, or the first graph (a new round). A replay on another stream while the previous
-    replay of the pool has not finished is a concurrent replay.
-    """
-
-    def __init__(self) -> None:
-        self._seqs = itertools.count()
-        self.live: list[int] = []
-        self.last: int | None = None
-        self.last_stream: int | None = None
-        self.event = None
-
-    def add(self) -> int:
-        seq = next(self._seqs)
-        self.live.append(seq)
-        return seq
-
-    def remove(self, seq: int) -> None:
-        if seq in self.live:
-            self.live.remove(seq)
-        if self.last == seq:
-            self.last = None
-
-    def check(self, pool_id: int, seq: int, stream_ptr: int) -> None:
-        if len(self.live) < 2 or self.last is None:
-            return
-        position = self.live.index(seq)
-        last_position = self.live.index(self.last)
-        if position not in (last_position, last_position + 1, 0):
-            raise PoolOrderError(
-                f"graph #{position + 1} of the {len(self.live)} graphs sharing memory pool "
-                f"{pool_id} was replayed right after graph #{last_position + 1} (got an "
-                f"out-of-order replay); graphs sharing a pool must replay in the order they "
-                f"were captured (each graph may repeat, and a round may restart at graph #1), "
-                f"or they overwrite each other's memory: replay in capture order, or give "
-                f"each graph its own pool"
-            )
-        if stream_ptr != self.last_stream and self.event is not None:
-            from cupy_backends.cuda.api import runtime
-
-            if runtime.eventQuery(self.event.ptr) != 0:
-                raise PoolOrderError(
-                    f"graph #{position + 1} sharing memory pool {pool_id} was replayed on "
-                    f"stream 0x{stream_ptr:x} while the previous replay of the pool, on "
-                    f"stream 0x{self.last_stream:x}, has not finished (got a concurrent "
-                    f"replay); graphs sharing a pool must not run at the same time: replay "
-                    f"them on one stream, synchronize in between, or give each its own pool"
-                )
-
-    def note(self, seq: int, stream_ptr: int) -> None:
-        from cupy.cuda import Event
-        from cupy_backends.cuda.api import runtime
-
-        if self.event is None:
-            self.event = Event(disable_timing=True)
-        runtime.eventRecord(self.event.ptr, stream_ptr)
-        self.last = seq
-        self.last_stream = stream_ptr
-
-
 # -- module-level functions ----------------------------------------------------------------
 
 
@@ -396,7 +334,7 @@ def memory_summary() -> str:
             str(s.live_arrays),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     if len(rows) == 1:
         lines.append("(no graph memory pools)")
     return "\n".join(lines)

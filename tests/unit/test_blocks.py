@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,7 +36,7 @@ def test_small_allocations_share_a_segment_and_are_aligned():
     assert [b.size for b in blocks] == [512, 512, 1024, 4096]
     assert all(b.ptr % ALIGNMENT == 0 for b in blocks)
     ends = sorted((b.ptr, b.ptr + b.size) for b in blocks)
-    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(ends, ends[1:])), "blocks overlap"
+    assert all(e1 <= s2 for (_, e1), (s2, _) in pairwise(ends)), "blocks overlap"
     assert arena.active_bytes == 512 + 512 + 1024 + 4096
     assert arena.reserved_bytes == SMALL_SEGMENT_BYTES
     arena.check_invariants()
@@ -166,7 +168,7 @@ def test_invariants_hold_after_any_sequence(sequence):
         arena.check_invariants()
         # No two live blocks overlap, and every live block lies inside a live segment.
         spans = sorted((b.ptr, b.ptr + b.size) for b in live)
-        assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+        assert all(e <= s for (_, e), (s, _) in pairwise(spans))
         for block in live:
             assert backing.live.get(block.segment.ptr) == block.segment.size
         peak = max(peak, arena.active_bytes)

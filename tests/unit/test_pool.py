@@ -7,6 +7,7 @@ arrays' memory: a block goes back when its last pointer dies.
 from __future__ import annotations
 
 import gc
+from itertools import pairwise
 
 import pytest
 from hypothesis import given, settings
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 import cugraphrt
 from cugraphrt import CaptureError, MemPool, OptionsError, PoolOrderError, PoolOutOfMemoryError
 from cugraphrt._blocks import SMALL_SEGMENT_BYTES
-from cugraphrt.pool import _ReplayOrder
+from cugraphrt._replay_order import ReplayOrder
 
 from .fakes import FakeBackingAllocator
 
@@ -198,7 +199,7 @@ def test_pool_memory_goes_back_when_the_pool_dies():
 
 class TestReplayOrder:
     def order(self, n):
-        order = _ReplayOrder()
+        order = ReplayOrder()
         seqs = [order.add() for _ in range(n)]
         return order, seqs
 
@@ -261,7 +262,7 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
         assert stats.live_graphs == len(graphs)
         assert stats.active_bytes == sum(p.mem.size for p in arrays)
         spans = sorted((p.ptr, p.ptr + p.mem.size) for p in arrays)
-        assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:])), "live blocks overlap"
+        assert all(e <= s for (_, e), (s, _) in pairwise(spans)), "live blocks overlap"
         if private and not graphs:
             # an idle private pool holds exactly the segments its live arrays need
             assert stats.segments == len({p.mem._owner.block.segment.ptr for p in arrays})
