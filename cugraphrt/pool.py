@@ -10,10 +10,12 @@ Rules, in short:
 * Only captures allocate from a pool. Eager code never receives pool memory.
 * A block freed during a capture may be reused later in that capture (on the same stream) or
   by a later capture into the same pool.
-* A pool gives segments back to the device only when no graph captured into it is alive and
-  every array allocated from it has died. Private pools do this at once; pools made with
-  :func:`graph_pool_handle` keep their cache for the next capture until
-  :func:`empty_cache` (or until the pool itself is dropped).
+* A graph pins the segments its capture allocated from (blocks it freed again included). A
+  segment goes back to the device only when it is fully free (every array on it has died)
+  and no live graph pins it, so a released graph's memory can go back while other graphs of
+  a shared pool live. Private pools give segments back as soon as they can; pools made with
+  :func:`graph_pool_handle` keep their cache for the next capture until :func:`empty_cache`
+  (or until the pool is dropped). Nothing goes back while a capture into the pool is underway.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class MemPool:
         self._live_graphs = 0
         self._capture_token: Hashable | None = None
         self._baseline: tuple[int, int] | None = None
+        # Segments the capture underway allocated from: its graph pins them (_add_graph).
+        self._touched: set = set()
+        self._capture_seq: int | None = None  # the graph of the capture underway, once added
         self._order = ReplayOrder()
         _all_pools.add(self)
         # Segments go back when the pool object dies; the finalizer holds only the arena.
@@ -129,16 +134,20 @@ class MemPool:
             )
 
     def empty_cache(self) -> int:
-        """Give fully free segments back to the device if no graph or capture holds the pool.
+        """Give back every fully free segment that no live graph uses.
+
+        A segment a live graph's capture allocated from stays (the graph replays into it),
+        as does any segment holding a live array; the rest goes back even while other
+        graphs of the pool live.
 
         Returns
         -------
         int
-            Bytes given back (0 while a graph captured into the pool is alive).
+            Bytes given back (0 while a capture into the pool is underway).
         """
         with self._lock:
             self._drain_pending()
-            if self._live_graphs or self._capture_token is not None:
+            if self._capture_token is not None:
                 return 0
             return self._arena.release_free_segments()
 
@@ -165,12 +174,13 @@ class MemPool:
             self._drain_pending()
             self._capture_token = token
             self._baseline = (self._arena.peak_active_bytes, self._live_graphs)
+            self._touched = set()
 
     def _allocate(self, nbytes: int, stream_ptr: int, token: Hashable):
         """Allocate a block for a capture; returns a CuPy MemoryPointer.
 
         This is the allocation path of every array created during a capture, so it is kept
-        short: one lock, one arena call, three small objects.
+        short: one lock, one arena call, one set insertion, three small objects.
         """
         with self._lock:
             if self._pending_frees:
@@ -178,12 +188,14 @@ class MemPool:
             try:
                 block = self._arena.allocate(nbytes, stream_ptr, token)
             except BackingOutOfMemoryError:
-                free, total = self._arena.backing.mem_info()
-                raise PoolOutOfMemoryError(
-                    nbytes, self._arena.reserved_bytes, free, total
-                ) from None
+                raise self._out_of_memory(nbytes) from None
+            self._touched.add(block.segment)
         return _MemoryPointer(_UnownedMemory(block.ptr, block.size, _Lease(self, block),
                                              self._device_id), 0)
+
+    def _out_of_memory(self, nbytes: int) -> PoolOutOfMemoryError:
+        free, total = self._arena.backing.mem_info()
+        return PoolOutOfMemoryError(nbytes, self._arena.reserved_bytes, free, total)
 
     def _end_capture(self, token: Hashable, succeeded: bool) -> None:
         with self._lock:
@@ -192,6 +204,9 @@ class MemPool:
             self._drain_pending()
             arena = self._arena
             if succeeded:
+                seq = self._capture_seq
+                if seq is not None and seq in self._order.live:
+                    arena.pin(seq, self._touched)  # allocations after _add_graph (hooks)
                 arena.forget_owner(token)
                 arena.settle()
             else:
@@ -202,19 +217,29 @@ class MemPool:
                 arena.peak_active_bytes = max(peak, arena.active_bytes)
             self._capture_token = None
             self._baseline = None
+            self._touched = set()
+            self._capture_seq = None
             if not succeeded:
                 self._release_if_idle()
 
     def _add_graph(self) -> int:
-        """A capture into this pool succeeded; returns the graph's place in capture order."""
+        """A capture into this pool succeeded; returns the graph's place in capture order.
+
+        The graph pins the segments its capture touched until :meth:`_remove_graph`.
+        """
         with self._lock:
             self._live_graphs += 1
-            return self._order.add()
+            seq = self._order.add()
+            self._arena.pin(seq, self._touched)
+            if self._capture_token is not None:
+                self._capture_seq = seq
+            return seq
 
     def _remove_graph(self, seq: int) -> None:
         with self._lock:
             self._live_graphs -= 1
             self._order.remove(seq)
+            self._arena.unpin(seq)
             self._drain_pending()
             self._release_if_idle()
 
@@ -341,7 +366,7 @@ def memory_summary() -> str:
 
 
 def empty_cache() -> int:
-    """Free the cached segments of every pool that no graph or capture holds.
+    """Free, in every pool without a capture underway, the free segments no live graph uses.
 
     Returns
     -------

@@ -10,7 +10,7 @@ import gc
 from itertools import pairwise
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import cugraphrt
@@ -23,16 +23,28 @@ from .fakes import FakeBackingAllocator
 STREAM = 0x1234
 
 
-def capture(pool, sizes, keep=(), succeed=True):
-    """Simulate a capture: allocate ``sizes``, keep the pointers at indices ``keep``."""
+def capture(pool, sizes, keep=(), succeed=True, touched=None):
+    """Simulate a capture: allocate ``sizes``, keep the pointers at indices ``keep``.
+
+    ``touched`` (a list) receives the address of every block the capture was handed.
+    """
     token = object()
     pool._begin_capture(token)
     pointers = [pool._allocate(n, STREAM, token) for n in sizes]
+    if touched is not None:
+        touched.extend(p.ptr for p in pointers)
     kept = [pointers[i] for i in keep]
     del pointers
     seq = pool._add_graph() if succeed else None
     pool._end_capture(token, succeed)
     return seq, kept
+
+
+def segment_of(backing, ptr):
+    """The backing allocation holding ``ptr`` (found from the fake's own records)."""
+    hits = [base for base, size in backing.live.items() if base <= ptr < base + size]
+    assert len(hits) == 1, f"0x{ptr:x} lies in {len(hits)} live segments"
+    return hits[0]
 
 
 def test_private_pool_keeps_memory_while_graph_lives_then_returns_it():
@@ -73,12 +85,104 @@ def test_shared_pool_keeps_cache_until_empty_cache():
     assert backing.live == {}
 
 
-def test_empty_cache_refuses_while_a_graph_holds_the_pool():
+def test_empty_cache_keeps_the_segments_of_a_live_graph():
     pool = MemPool(backing=FakeBackingAllocator())
-    seq, _ = capture(pool, [1 << 20])
+    seq, _ = capture(pool, [1 << 20])  # freed at capture end: free, but the graph uses it
     assert pool.empty_cache() == 0
     assert pool.stats().reserved_bytes == SMALL_SEGMENT_BYTES
     pool._remove_graph(seq)
+    assert pool.empty_cache() == SMALL_SEGMENT_BYTES
+
+
+def test_empty_cache_refuses_while_a_capture_is_underway():
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing)
+    seq, _ = capture(pool, [3 << 20])
+    pool._remove_graph(seq)
+    token = object()
+    pool._begin_capture(token)
+    assert pool.empty_cache() == 0 and pool.stats().reserved_bytes == 4 << 20
+    pool._end_capture(token, False)
+    assert pool.empty_cache() == 4 << 20 and backing.live == {}
+
+
+def two_graphs_sharing_one_segment(backing):
+    """g1 uses segment A; g2 reuses A and adds segment B. Returns pool, seqs, A and B."""
+    pool = MemPool(backing=backing)
+    touched1, touched2 = [], []
+    g1, _ = capture(pool, [3 << 20], touched=touched1)
+    g2, _ = capture(pool, [3 << 20, 10 << 20], touched=touched2)
+    a = segment_of(backing, touched1[0])
+    assert segment_of(backing, touched2[0]) == a, "g2 did not reuse g1's temporary"
+    b = segment_of(backing, touched2[1])
+    assert set(backing.live) == {a, b}
+    return pool, g1, g2, a, b
+
+
+def test_evicting_one_of_two_graphs_frees_exactly_the_segments_only_it_used():
+    backing = FakeBackingAllocator()
+    pool, g1, g2, a, b = two_graphs_sharing_one_segment(backing)
+    assert pool.empty_cache() == 0, "both segments are used by live graphs"
+    pool._remove_graph(g2)
+    assert set(backing.live) == {a, b}, "a shared pool keeps its cache until empty_cache"
+    assert pool.empty_cache() == 10 << 20
+    assert set(backing.live) == {a}, "the segment g1 still uses went back"
+    assert pool.stats().live_graphs == 1
+    pool._remove_graph(g1)
+    assert pool.empty_cache() == 4 << 20 and backing.live == {}
+
+
+def test_a_segment_used_by_two_graphs_stays_until_both_are_gone():
+    backing = FakeBackingAllocator()
+    pool, g1, g2, a, b = two_graphs_sharing_one_segment(backing)
+    pool._remove_graph(g1)
+    assert pool.empty_cache() == 0, "segment A is free but g2 replays into it"
+    assert set(backing.live) == {a, b}
+    pool._remove_graph(g2)
+    assert pool.empty_cache() == 14 << 20 and backing.live == {}
+
+
+def test_an_evicted_graphs_output_keeps_its_segment_until_it_dies():
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing)
+    g1, kept = capture(pool, [4096], keep=[0])
+    g2, _ = capture(pool, [3 << 20])
+    pool._remove_graph(g1)
+    assert pool.empty_cache() == 0, "a live output's segment, and g2's, must stay"
+    del kept
+    assert pool.empty_cache() == SMALL_SEGMENT_BYTES
+    assert pool.stats().segments == 1
+    pool._remove_graph(g2)
+
+
+def test_a_rolled_back_segment_reused_by_a_live_graph_stays_while_it_lives():
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing)
+    _, leftover = capture(pool, [100], keep=[0], succeed=False)  # keeps its marked segment
+    touched = []
+    seq, _ = capture(pool, [4096], touched=touched)
+    segment = segment_of(backing, touched[0])
+    assert segment == segment_of(backing, leftover[0].ptr), "the graph did not reuse it"
+    del leftover  # fully free now, marked to go back, but the graph replays into it
+    assert segment in backing.live
+    pool._remove_graph(seq)  # a shared pool gives a rolled-back segment back once free
+    assert backing.live == {}
+
+
+def test_late_allocations_of_a_capture_join_its_graph():
+    # Finish hooks may allocate after the graph was counted (between _add_graph and
+    # _end_capture): their segments must be pinned too.
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing)
+    token = object()
+    pool._begin_capture(token)
+    seq = pool._add_graph()
+    late = pool._allocate(3 << 20, STREAM, token)
+    pool._end_capture(token, True)
+    del late
+    assert pool.empty_cache() == 0 and pool.stats().reserved_bytes == 4 << 20
+    pool._remove_graph(seq)
+    assert pool.empty_cache() == 4 << 20
 
 
 def test_sharing_reuses_freed_temporaries_of_earlier_graphs():
@@ -228,33 +332,44 @@ class TestReplayOrder:
         order.check(1, c, STREAM)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "drop", "capture_ok", "capture_fail",
                                            "reset", "empty"]),
                           st.integers(1, 4 << 20)), max_size=40),
        st.booleans())
+# g1 uses a small segment, g2 two large ones: with g1 evicted, its segment goes back.
+@example([("capture_ok", 3), ("capture_ok", 3 << 20), ("reset", 2), ("empty", 1)], False)
 def test_pool_accounts_add_up_after_any_sequence(ops, private):
     backing = FakeBackingAllocator(capacity=256 << 20)
     pool = MemPool(backing=backing, _private=private)
-    arrays, graphs = [], []
+    arrays = []
+    graphs: dict = {}  # seq -> backing segments its capture was handed blocks in
     for op, n in ops:
         if op == "alloc" or op.startswith("capture"):
-            ok = op != "capture_fail"
+            ok = not op.endswith("fail")
+            touched: list = []
             try:
-                seq, kept = capture(pool, [n, n // 2 + 1], keep=[0], succeed=ok)
+                # every third capture keeps no output: its graph's memory is all temporary
+                seq, kept = capture(pool, [n, n // 2 + 1], keep=[0] if n % 3 else [],
+                                    succeed=ok, touched=touched)
             except PoolOutOfMemoryError:
                 continue
             arrays.extend(kept)
             del kept
             if ok:
-                graphs.append(seq)
+                graphs[seq] = {segment_of(backing, ptr) for ptr in touched}
         elif op == "drop" and arrays:
             arrays.pop(n % len(arrays))
         elif op == "reset" and graphs:
-            pool._remove_graph(graphs.pop(n % len(graphs)))
+            seq = list(graphs)[n % len(graphs)]
+            del graphs[seq]
+            pool._remove_graph(seq)
         elif op == "empty":
-            released = pool.empty_cache()
-            assert released == 0 or not graphs
+            pool.empty_cache()
+            # exactly the segments a live graph uses or a live block occupies stay
+            needed = set().union(*graphs.values()) if graphs else set()
+            needed |= {segment_of(backing, p.ptr) for p in arrays}
+            assert set(backing.live) == needed, "empty_cache kept or freed the wrong segments"
         stats = pool.stats()
         pool._arena.check_invariants()
         assert stats.reserved_bytes == backing.used
@@ -263,11 +378,13 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
         assert stats.active_bytes == sum(p.mem.size for p in arrays)
         spans = sorted((p.ptr, p.ptr + p.mem.size) for p in arrays)
         assert all(e <= s for (_, e), (s, _) in pairwise(spans)), "live blocks overlap"
+        for used in graphs.values():
+            assert used <= set(backing.live), "a segment a live graph uses went back"
         if private and not graphs:
             # an idle private pool holds exactly the segments its live arrays need
             assert stats.segments == len({p.mem._owner.block.segment.ptr for p in arrays})
     arrays.clear()
-    for seq in graphs:
+    for seq in list(graphs):
         pool._remove_graph(seq)
     pool.empty_cache()
     assert backing.live == {}
