@@ -16,6 +16,8 @@ Rules, in short:
   a shared pool live. Private pools give segments back as soon as they can; pools made with
   :func:`graph_pool_handle` keep their cache for the next capture until :func:`empty_cache`
   (or until the pool is dropped). Nothing goes back while a capture into the pool is underway.
+* Graphs of one pool replay one after another, so they can share scratch memory (a library
+  workspace): :meth:`MemPool._shared_block` lends one block per key while any graph lives.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from cupy.cuda import get_current_stream as _get_current_stream
 from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
-from ._blocks import BlockArena
+from ._blocks import Block, BlockArena
 from ._replay_order import ReplayOrder
 from .backing import (
     BackingOutOfMemoryError,
@@ -93,6 +95,8 @@ class MemPool:
         # Segments the capture underway allocated from: its graph pins them (_add_graph).
         self._touched: set = set()
         self._capture_seq: int | None = None  # the graph of the capture underway, once added
+        # key -> (block, token of the capture that allocated it); see _shared_block.
+        self._shared: dict[Hashable, tuple[Block, Hashable]] = {}
         self._order = ReplayOrder()
         _all_pools.add(self)
         # Segments go back when the pool object dies; the finalizer holds only the arena.
@@ -130,7 +134,7 @@ class MemPool:
                 peak_active_bytes=arena.peak_active_bytes,
                 segments=len(arena.segments),
                 live_graphs=self._live_graphs,
-                live_arrays=arena.active_blocks,
+                live_arrays=arena.active_blocks - len(self._shared),
             )
 
     def empty_cache(self) -> int:
@@ -197,6 +201,41 @@ class MemPool:
         free, total = self._arena.backing.mem_info()
         return PoolOutOfMemoryError(nbytes, self._arena.reserved_bytes, free, total)
 
+    def _shared_block(self, key: Hashable, nbytes: int, stream_ptr: int,
+                      token: Hashable) -> int:
+        """Address of the pool's block for ``key`` (>= ``nbytes``) for the capture ``token``.
+
+        The first capture asking allocates it; later captures asking with the same key get
+        the same block while any graph of the pool lives (graphs of one pool never run at
+        the same time, so scratch memory can be shared). Work that may run concurrently
+        within one capture needs distinct keys. A larger request replaces the block (the
+        old one is freed like a temporary of earlier graphs). The block's segment counts as
+        touched by the capture. It is freed when no graph and no capture holds the pool, or
+        with the failed capture that allocated it. Raises CaptureError if ``token`` is not
+        the capture underway, PoolOutOfMemoryError if the pool cannot grow.
+        """
+        with self._lock:
+            if token is None or token is not self._capture_token:
+                raise CaptureError(
+                    f"a shared block of memory pool {self._id} was requested outside a "
+                    f"capture into it (got key {key!r}); request it from the capture "
+                    f"underway, with its token"
+                )
+            held = self._shared.get(key)
+            if held is None or held[0].size < nbytes:
+                self._drain_pending()
+                try:
+                    block = self._arena.allocate(nbytes, stream_ptr, token)
+                except BackingOutOfMemoryError:
+                    raise self._out_of_memory(nbytes) from None
+                if held is not None:
+                    # Earlier graphs and possibly this capture used it: reusable on this
+                    # stream during the capture, by anyone after it.
+                    self._arena.free(held[0], stream_ptr)
+                self._shared[key] = held = (block, token)
+            self._touched.add(held[0].segment)
+            return held[0].ptr
+
     def _end_capture(self, token: Hashable, succeeded: bool) -> None:
         with self._lock:
             if self._capture_token != token:
@@ -212,6 +251,7 @@ class MemPool:
             else:
                 peak, _ = self._baseline or (arena.peak_active_bytes, 0)
                 arena.mark_owned_segments(token)
+                self._drop_shared(None if self._live_graphs == 0 else token)
                 arena.settle()
                 arena.release_free_segments(only_marked=True)
                 arena.peak_active_bytes = max(peak, arena.active_bytes)
@@ -241,7 +281,16 @@ class MemPool:
             self._order.remove(seq)
             self._arena.unpin(seq)
             self._drain_pending()
+            if self._live_graphs == 0 and self._capture_token is None:
+                self._drop_shared(None)
             self._release_if_idle()
+
+    def _drop_shared(self, token: Hashable | None) -> None:
+        """Free the shared blocks a capture allocated (``token``), or all of them (None)."""
+        for key, (block, owner) in list(self._shared.items()):
+            if token is None or owner is token:
+                del self._shared[key]
+                self._arena.free(block)
 
     def _release_block(self, block) -> None:
         """Called when the last array on a block dies; never raises (runs in finalizers)."""

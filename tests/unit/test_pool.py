@@ -21,11 +21,13 @@ from cugraphrt._replay_order import ReplayOrder
 from .fakes import FakeBackingAllocator
 
 STREAM = 0x1234
+WORKSPACE = ("test-workspace", 0)
 
 
-def capture(pool, sizes, keep=(), succeed=True, touched=None):
+def capture(pool, sizes, keep=(), succeed=True, shared=None, touched=None):
     """Simulate a capture: allocate ``sizes``, keep the pointers at indices ``keep``.
 
+    ``shared=n`` also asks for the pool's shared block ``WORKSPACE`` of ``n`` bytes;
     ``touched`` (a list) receives the address of every block the capture was handed.
     """
     token = object()
@@ -33,6 +35,10 @@ def capture(pool, sizes, keep=(), succeed=True, touched=None):
     pointers = [pool._allocate(n, STREAM, token) for n in sizes]
     if touched is not None:
         touched.extend(p.ptr for p in pointers)
+    if shared is not None:
+        ptr = pool._shared_block(WORKSPACE, shared, STREAM, token)
+        if touched is not None:
+            touched.append(ptr)
     kept = [pointers[i] for i in keep]
     del pointers
     seq = pool._add_graph() if succeed else None
@@ -185,6 +191,95 @@ def test_late_allocations_of_a_capture_join_its_graph():
     assert pool.empty_cache() == 4 << 20
 
 
+class TestSharedBlocks:
+    def test_two_captures_get_one_block_which_goes_back_with_the_last_graph(self):
+        backing = FakeBackingAllocator()
+        pool = MemPool(backing=backing)
+        baseline = pool.stats()
+        touched1, touched2 = [], []
+        g1, _ = capture(pool, [4096], shared=1 << 16, touched=touched1)
+        g2, _ = capture(pool, [8192], shared=1 << 16, touched=touched2)
+        assert touched1[-1] == touched2[-1], "the second capture got another block"
+        stats = pool.stats()
+        assert stats.active_bytes == 1 << 16 and stats.live_arrays == 0
+        pool._remove_graph(g1)
+        assert pool.stats().active_bytes == 1 << 16, "freed while g2 still uses it"
+        pool._remove_graph(g2)
+        assert pool.stats().active_bytes == 0
+        pool.empty_cache()
+        assert pool.stats().model_copy(update={"peak_active_bytes": 0}) == baseline
+        assert backing.live == {}
+
+    def test_keys_get_distinct_blocks(self):
+        pool = MemPool(backing=FakeBackingAllocator())
+        token = object()
+        pool._begin_capture(token)
+        first = pool._shared_block(("k", 0), 4096, STREAM, token)
+        again = pool._shared_block(("k", 0), 4096, STREAM, token)
+        other = pool._shared_block(("k", 1), 4096, STREAM + 1, token)
+        assert first == again and other != first
+        assert abs(other - first) >= 4096, "the two blocks overlap"
+        pool._end_capture(token, False)
+        assert pool.stats().active_bytes == 0
+
+    def test_private_pool_gives_everything_back(self):
+        backing = FakeBackingAllocator()
+        pool = MemPool(backing=backing, _private=True)
+        seq, _ = capture(pool, [4096], shared=3 << 20)
+        assert pool.stats().reserved_bytes == SMALL_SEGMENT_BYTES + (4 << 20)
+        pool._remove_graph(seq)
+        assert backing.live == {} and pool.stats().active_bytes == 0
+
+    def test_a_failed_capture_drops_the_block_it_made_and_keeps_one_in_use(self):
+        backing = FakeBackingAllocator()
+        pool = MemPool(backing=backing)
+        touched = []
+        capture(pool, [100], shared=4096, succeed=False, touched=touched)
+        assert pool.stats().active_bytes == 0, "a failed capture's block stayed"
+        g1, _ = capture(pool, [100], shared=4096, touched=touched)
+        capture(pool, [100], shared=4096, succeed=False, touched=touched)
+        assert touched[-1] == touched[3], "the failed capture got a new block"
+        assert pool.stats().active_bytes == 4096, "g1's block went with the failed capture"
+        pool._remove_graph(g1)
+        assert pool.stats().active_bytes == 0
+
+    def test_a_larger_request_replaces_the_block_and_pins_stay(self):
+        backing = FakeBackingAllocator()
+        pool = MemPool(backing=backing)
+        touched1, touched2 = [], []
+        g1, _ = capture(pool, [], shared=3 << 20, touched=touched1)
+        g2, _ = capture(pool, [], shared=9 << 20, touched=touched2)
+        old, new = segment_of(backing, touched1[0]), segment_of(backing, touched2[0])
+        assert old != new
+        assert pool.stats().active_bytes == 9 << 20, "the smaller block was not freed"
+        assert pool.empty_cache() == 0, "g1 still replays with the old block"
+        pool._remove_graph(g1)
+        assert pool.empty_cache() == 4 << 20 and set(backing.live) == {new}
+        pool._remove_graph(g2)
+
+    def test_outside_a_capture_is_refused(self):
+        pool = MemPool(backing=FakeBackingAllocator())
+        with pytest.raises(CaptureError, match="outside a capture"):
+            pool._shared_block(WORKSPACE, 4096, STREAM, None)
+        pool._begin_capture(object())
+        with pytest.raises(CaptureError, match="got key"):
+            pool._shared_block(WORKSPACE, 4096, STREAM, object())
+
+    def test_out_of_memory_reports_sizes_and_keeps_the_held_block(self):
+        pool = MemPool(backing=FakeBackingAllocator(capacity=8 << 20))
+        touched = []
+        seq, _ = capture(pool, [], shared=3 << 20, touched=touched)
+        token = object()
+        pool._begin_capture(token)
+        with pytest.raises(PoolOutOfMemoryError) as info:
+            pool._shared_block(WORKSPACE, 7 << 20, STREAM, token)
+        assert info.value.requested_bytes == 7 << 20
+        assert pool._shared_block(WORKSPACE, 1 << 20, STREAM, token) == touched[0]
+        pool._end_capture(token, False)
+        pool._remove_graph(seq)
+        assert pool.stats().active_bytes == 0
+
+
 def test_sharing_reuses_freed_temporaries_of_earlier_graphs():
     backing = FakeBackingAllocator()
     pool = MemPool(backing=backing)
@@ -332,9 +427,13 @@ class TestReplayOrder:
         order.check(1, c, STREAM)
 
 
+WS_BYTES = 256 << 10  # the model's shared block: small, so it shares segments with arrays
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.sampled_from(["alloc", "drop", "capture_ok", "capture_fail",
-                                           "reset", "empty"]),
+                                           "capture_ws", "capture_ws_fail", "reset",
+                                           "empty"]),
                           st.integers(1, 4 << 20)), max_size=40),
        st.booleans())
 # g1 uses a small segment, g2 two large ones: with g1 evicted, its segment goes back.
@@ -344,16 +443,23 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
     pool = MemPool(backing=backing, _private=private)
     arrays = []
     graphs: dict = {}  # seq -> backing segments its capture was handed blocks in
+    workspace = None  # the model of the shared block: its address while the pool holds it
     for op, n in ops:
         if op == "alloc" or op.startswith("capture"):
             ok = not op.endswith("fail")
+            shared = WS_BYTES if "ws" in op else None
             touched: list = []
             try:
                 # every third capture keeps no output: its graph's memory is all temporary
                 seq, kept = capture(pool, [n, n // 2 + 1], keep=[0] if n % 3 else [],
-                                    succeed=ok, touched=touched)
+                                    succeed=ok, shared=shared, touched=touched)
             except PoolOutOfMemoryError:
                 continue
+            if shared is not None:
+                if workspace is not None:
+                    assert touched[-1] == workspace, "a capture got a second shared block"
+                elif ok:
+                    workspace = touched[-1]
             arrays.extend(kept)
             del kept
             if ok:
@@ -364,19 +470,26 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
             seq = list(graphs)[n % len(graphs)]
             del graphs[seq]
             pool._remove_graph(seq)
+            if not graphs:
+                workspace = None
         elif op == "empty":
             pool.empty_cache()
             # exactly the segments a live graph uses or a live block occupies stay
             needed = set().union(*graphs.values()) if graphs else set()
             needed |= {segment_of(backing, p.ptr) for p in arrays}
+            if workspace is not None:
+                needed.add(segment_of(backing, workspace))
             assert set(backing.live) == needed, "empty_cache kept or freed the wrong segments"
         stats = pool.stats()
         pool._arena.check_invariants()
         assert stats.reserved_bytes == backing.used
         assert stats.live_arrays == len(arrays)
         assert stats.live_graphs == len(graphs)
-        assert stats.active_bytes == sum(p.mem.size for p in arrays)
+        held = WS_BYTES if workspace is not None else 0
+        assert stats.active_bytes == sum(p.mem.size for p in arrays) + held
         spans = sorted((p.ptr, p.ptr + p.mem.size) for p in arrays)
+        if workspace is not None:
+            spans = sorted(spans + [(workspace, workspace + WS_BYTES)])
         assert all(e <= s for (_, e), (s, _) in pairwise(spans)), "live blocks overlap"
         for used in graphs.values():
             assert used <= set(backing.live), "a segment a live graph uses went back"
