@@ -3,7 +3,8 @@
 A :class:`BlockArena` carves blocks out of segments obtained from a backing allocator
 (``cudaMalloc`` in production, a fake in the unit tests). It splits and coalesces blocks,
 keeps the free ones in size-sorted lists and counts bytes. It knows nothing about graphs; the
-pool decides when segments may go back.
+pool decides when segments may go back, and *pins* the segments a live graph uses
+(:meth:`BlockArena.pin`): a pinned segment never goes back, even once fully free.
 
 Small and large. Requests up to 1 MiB are carved only from 2 MiB "small" segments, larger ones
 only from "large" segments (as in PyTorch's caching allocator): otherwise small outputs that
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Hashable, Iterator
+from typing import Any
 
 __all__ = ["ALIGNMENT", "Block", "Segment", "BlockArena", "segment_size_for"]
 
@@ -49,7 +51,7 @@ def segment_size_for(nbytes: int) -> int:
 class Segment:
     """One allocation from the backing allocator."""
 
-    __slots__ = ("ptr", "size", "small", "owner", "release_when_free", "head")
+    __slots__ = ("ptr", "size", "small", "owner", "release_when_free", "head", "pins")
 
     def __init__(self, ptr: int, size: int, small: bool, owner: Hashable | None) -> None:
         self.ptr = ptr
@@ -58,6 +60,7 @@ class Segment:
         self.owner = owner  # token of the capture that made the pool grow
         self.release_when_free = False
         self.head: Block | None = None
+        self.pins = 0  # live pins (graphs whose capture allocated from this segment)
 
 
 class Block:
@@ -100,6 +103,7 @@ class BlockArena:
         self.peak_active_bytes = 0
         self.active_blocks = 0
         self.marked_segments = 0  # segments a rolled-back capture left, to go back once free
+        self._pins: dict[Hashable, frozenset[Segment]] = {}
 
     # -- allocation ------------------------------------------------------------------------
 
@@ -115,8 +119,11 @@ class BlockArena:
         size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
         small = size <= SMALL_REQUEST_BYTES
         lists = self._free_lists
-        best = best_entries = best_index = best_key = None
-        key = (None, small)
+        best: tuple[int, int] | None = None
+        best_entries: Any = None  # set together with best
+        best_index: Any = None
+        best_key: Any = None
+        key: tuple[Hashable | None, bool] = (None, small)
         entries = lists.get(key)
         if entries:
             i = bisect.bisect_left(entries, (size, 0))
@@ -222,7 +229,7 @@ class BlockArena:
     # -- giving memory back ----------------------------------------------------------------
 
     def release_free_segments(self, only_marked: bool = False) -> int:
-        """Return fully free segments to the backing allocator.
+        """Return fully free, unpinned segments to the backing allocator.
 
         Parameters
         ----------
@@ -238,7 +245,7 @@ class BlockArena:
         if only_marked and not self.marked_segments:
             return 0  # the common case, on every free: nothing to scan
         for segment in list(self.segments.values()):
-            if only_marked and not segment.release_when_free:
+            if (only_marked and not segment.release_when_free) or segment.pins:
                 continue
             head = segment.head
             if head is None or not head.is_free or head.size != segment.size:
@@ -259,6 +266,23 @@ class BlockArena:
             if segment.owner == owner and not segment.release_when_free:
                 segment.release_when_free = True
                 self.marked_segments += 1
+
+    def pin(self, key: Hashable, segments) -> None:
+        """Keep ``segments`` from going back until :meth:`unpin` of ``key``.
+
+        A segment may carry several pins (one per live graph that allocated from it); adding
+        segments to an existing key pins only the ones it did not hold yet.
+        """
+        held = self._pins.get(key, frozenset())
+        new = frozenset(segments) - held
+        for segment in new:
+            segment.pins += 1
+        self._pins[key] = held | new
+
+    def unpin(self, key: Hashable) -> None:
+        """Drop the pins of ``key`` (unknown keys are ignored); releases nothing by itself."""
+        for segment in self._pins.pop(key, ()):
+            segment.pins -= 1
 
     def forget_owner(self, owner: Hashable) -> None:
         """A capture succeeded: its segments now belong to the pool like any other."""
@@ -320,3 +344,8 @@ class BlockArena:
         assert self.reserved_bytes == sum(s.size for s in self.segments.values())
         assert self.peak_active_bytes >= self.active_bytes
         assert self.marked_segments == sum(s.release_when_free for s in self.segments.values())
+        for segment in self.segments.values():
+            holders = sum(segment in pinned for pinned in self._pins.values())
+            assert segment.pins == holders, f"segment 0x{segment.ptr:x} pin count wrong"
+        for pinned in self._pins.values():
+            assert all(self.segments.get(s.ptr) is s for s in pinned), "pinned segment gone"

@@ -9,9 +9,13 @@ cugraphrt's own:
 
 * the handle's stream is the capturing stream, its math and pointer modes mirror CuPy's
   handle, so results equal eager CuPy's;
-* its workspace is a block of the capture's pool, set explicitly with
-  ``cublasSetWorkspace``, so cuBLAS never calls ``cudaMalloc`` during capture and each graph
-  owns its workspace (resetting one graph cannot break another);
+* its workspace is a shared block of the capture's pool (``MemPool._shared_block``), set
+  explicitly with ``cublasSetWorkspace``, so cuBLAS never calls ``cudaMalloc`` during
+  capture. Graphs of one pool replay one after another, so they share one workspace per
+  stream: the first stream of a capture that runs a GEMM uses workspace 0 of the pool, the
+  second stream workspace 1, and so on (streams of one capture may run concurrently, so
+  they never share one). The pool keeps the workspaces while any of its graphs lives, so
+  resetting one graph cannot break another;
 * CuPy's own handle is never touched. Outside captures the original functions run.
 """
 
@@ -58,12 +62,14 @@ GEMM_FUNCTIONS: dict[str, tuple[str, list]] = {
 }
 
 
-def _workspace_bytes(compute_capability: int) -> int:
+def _workspace_bytes(device_id: int) -> int:
     configured = os.environ.get("CUGRAPHRT_CUBLAS_WORKSPACE_BYTES")
     if configured:
         return int(configured)
+    from cupy.cuda import Device
+
     # cuBLAS's own recommendation: 32 MiB on Hopper and newer, 4 MiB before.
-    return (32 if compute_capability >= 90 else 4) << 20
+    return (32 if int(Device(device_id).compute_capability) >= 90 else 4) << 20
 
 
 class _Library:
@@ -138,7 +144,7 @@ def ensure_capture_handle(device_id: int) -> int:
     if handle is None:
         out = _vp(0)
         _check(_lib().create(ctypes.byref(out)), "cublasCreate")
-        handle = by_device[device_id] = int(out.value)
+        handle = by_device[device_id] = int(out.value or 0)
     return handle
 
 
@@ -164,36 +170,44 @@ def _prepare(capture, cupy_handle: int) -> int:
     _check(lib.set_pointer_mode(handle, mode.value), "cublasSetPointerMode")
     stream_ptr = _capture._get_current_stream().ptr
     _check(lib.set_stream(handle, stream_ptr), "cublasSetStream")
-    workspace = _workspace_for(capture, stream_ptr)
-    _check(lib.set_workspace(handle, workspace.ptr, workspace.mem.size), "cublasSetWorkspace")
+    ptr, nbytes = _workspace_for(capture, stream_ptr)
+    _check(lib.set_workspace(handle, ptr, nbytes), "cublasSetWorkspace")
     return handle
 
 
-def _workspace_for(capture, stream_ptr: int):
+def _workspace_for(capture, stream_ptr: int) -> tuple[int, int]:
+    """The workspace (address, bytes) of GEMMs on ``stream_ptr`` in ``capture``."""
+    streams = None
     for item in capture.keepalive:
-        if isinstance(item, _Workspace):
-            return item.pointer
-    from cupy.cuda import Device
+        if isinstance(item, _Workspaces):
+            streams = item
+            break
+    if streams is None:
+        streams = _Workspaces()
+        capture.keepalive.append(streams)
+        # The pool holds the workspaces; the capture only needs its lookup while it lasts.
+        capture.finish_hooks.append(streams.drop)
+    found = streams.by_stream.get(stream_ptr)
+    if found is None:
+        nbytes = _workspace_bytes(capture.device_id)
+        # Keyed by the stream's rank in this capture, not by its address: another capture
+        # (another thread's capture stream, torch's side stream) shares workspace 0 too.
+        key = ("cublas", len(streams.by_stream))
+        ptr = capture.pool._shared_block(key, nbytes, stream_ptr, capture.token)
+        found = streams.by_stream[stream_ptr] = (ptr, nbytes)
+    return found
 
-    nbytes = _workspace_bytes(int(Device(capture.device_id).compute_capability))
-    pointer = capture.pool._allocate(nbytes, stream_ptr, capture.token)
-    holder = _Workspace(pointer)
-    capture.keepalive.append(holder)
-    # Hand the workspace back to the pool when the capture ends: the pool stays reserved for
-    # the graph, and a later capture into the same pool may reuse the block, exactly like a
-    # temporary array.
-    capture.finish_hooks.append(holder.drop)
-    return pointer
 
+class _Workspaces:
+    """Per capture: stream address -> (workspace address, bytes)."""
 
-class _Workspace:
-    __slots__ = ("pointer",)
+    __slots__ = ("by_stream",)
 
-    def __init__(self, pointer) -> None:
-        self.pointer = pointer
+    def __init__(self) -> None:
+        self.by_stream: dict[int, tuple[int, int]] = {}
 
     def drop(self, capture) -> None:
-        self.pointer = None
+        self.by_stream = {}
         if self in capture.keepalive:
             capture.keepalive.remove(self)
 
@@ -212,7 +226,7 @@ def _capturable(name: str, original, c_function_name: str):
                 f"{status}); check the operands, or run this product outside the capture"
             )
 
-    gemm.__cugraphrt_original__ = original
+    gemm.__cugraphrt_original__ = original  # type: ignore[attr-defined]
     return gemm
 
 

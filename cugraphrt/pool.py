@@ -10,10 +10,14 @@ Rules, in short:
 * Only captures allocate from a pool. Eager code never receives pool memory.
 * A block freed during a capture may be reused later in that capture (on the same stream) or
   by a later capture into the same pool.
-* A pool gives segments back to the device only when no graph captured into it is alive and
-  every array allocated from it has died. Private pools do this at once; pools made with
-  :func:`graph_pool_handle` keep their cache for the next capture until
-  :func:`empty_cache` (or until the pool itself is dropped).
+* A graph pins the segments its capture allocated from (blocks it freed again included). A
+  segment goes back to the device only when it is fully free (every array on it has died)
+  and no live graph pins it, so a released graph's memory can go back while other graphs of
+  a shared pool live. Private pools give segments back as soon as they can; pools made with
+  :func:`graph_pool_handle` keep their cache for the next capture until :func:`empty_cache`
+  (or until the pool is dropped). Nothing goes back while a capture into the pool is underway.
+* Graphs of one pool replay one after another, so they can share scratch memory (a library
+  workspace): :meth:`MemPool._shared_block` lends one block per key while any graph lives.
 """
 
 from __future__ import annotations
@@ -28,13 +32,14 @@ from cupy.cuda import get_current_stream as _get_current_stream
 from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
-from ._blocks import BlockArena
+from ._blocks import Block, BlockArena
+from ._replay_order import ReplayOrder
 from .backing import (
     BackingOutOfMemoryError,
     CudaBackingAllocator,
     check_backing,
 )
-from .errors import CaptureError, PoolOrderError, PoolOutOfMemoryError, _fmt_bytes
+from .errors import CaptureError, PoolOutOfMemoryError, _fmt_bytes
 from .options import PoolStats
 
 __all__ = [
@@ -87,7 +92,12 @@ class MemPool:
         self._live_graphs = 0
         self._capture_token: Hashable | None = None
         self._baseline: tuple[int, int] | None = None
-        self._order = _ReplayOrder()
+        # Segments the capture underway allocated from: its graph pins them (_add_graph).
+        self._touched: set = set()
+        self._capture_seq: int | None = None  # the graph of the capture underway, once added
+        # key -> (block, token of the capture that allocated it); see _shared_block.
+        self._shared: dict[Hashable, tuple[Block, Hashable]] = {}
+        self._order = ReplayOrder()
         _all_pools.add(self)
         # Segments go back when the pool object dies; the finalizer holds only the arena.
         weakref.finalize(self, _release_all, self._arena)
@@ -124,20 +134,24 @@ class MemPool:
                 peak_active_bytes=arena.peak_active_bytes,
                 segments=len(arena.segments),
                 live_graphs=self._live_graphs,
-                live_arrays=arena.active_blocks,
+                live_arrays=arena.active_blocks - len(self._shared),
             )
 
     def empty_cache(self) -> int:
-        """Give fully free segments back to the device if no graph or capture holds the pool.
+        """Give back every fully free segment that no live graph uses.
+
+        A segment a live graph's capture allocated from stays (the graph replays into it),
+        as does any segment holding a live array; the rest goes back even while other
+        graphs of the pool live.
 
         Returns
         -------
         int
-            Bytes given back (0 while a graph captured into the pool is alive).
+            Bytes given back (0 while a capture into the pool is underway).
         """
         with self._lock:
             self._drain_pending()
-            if self._live_graphs or self._capture_token is not None:
+            if self._capture_token is not None:
                 return 0
             return self._arena.release_free_segments()
 
@@ -164,12 +178,13 @@ class MemPool:
             self._drain_pending()
             self._capture_token = token
             self._baseline = (self._arena.peak_active_bytes, self._live_graphs)
+            self._touched = set()
 
     def _allocate(self, nbytes: int, stream_ptr: int, token: Hashable):
         """Allocate a block for a capture; returns a CuPy MemoryPointer.
 
         This is the allocation path of every array created during a capture, so it is kept
-        short: one lock, one arena call, three small objects.
+        short: one lock, one arena call, one set insertion, three small objects.
         """
         with self._lock:
             if self._pending_frees:
@@ -177,12 +192,49 @@ class MemPool:
             try:
                 block = self._arena.allocate(nbytes, stream_ptr, token)
             except BackingOutOfMemoryError:
-                free, total = self._arena.backing.mem_info()
-                raise PoolOutOfMemoryError(
-                    nbytes, self._arena.reserved_bytes, free, total
-                ) from None
+                raise self._out_of_memory(nbytes) from None
+            self._touched.add(block.segment)
         return _MemoryPointer(_UnownedMemory(block.ptr, block.size, _Lease(self, block),
                                              self._device_id), 0)
+
+    def _out_of_memory(self, nbytes: int) -> PoolOutOfMemoryError:
+        free, total = self._arena.backing.mem_info()
+        return PoolOutOfMemoryError(nbytes, self._arena.reserved_bytes, free, total)
+
+    def _shared_block(self, key: Hashable, nbytes: int, stream_ptr: int,
+                      token: Hashable) -> int:
+        """Address of the pool's block for ``key`` (>= ``nbytes``) for the capture ``token``.
+
+        The first capture asking allocates it; later captures asking with the same key get
+        the same block while any graph of the pool lives (graphs of one pool never run at
+        the same time, so scratch memory can be shared). Work that may run concurrently
+        within one capture needs distinct keys. A larger request replaces the block (the
+        old one is freed like a temporary of earlier graphs). The block's segment counts as
+        touched by the capture. It is freed when no graph and no capture holds the pool, or
+        with the failed capture that allocated it. Raises CaptureError if ``token`` is not
+        the capture underway, PoolOutOfMemoryError if the pool cannot grow.
+        """
+        with self._lock:
+            if token is None or token is not self._capture_token:
+                raise CaptureError(
+                    f"a shared block of memory pool {self._id} was requested outside a "
+                    f"capture into it (got key {key!r}); request it from the capture "
+                    f"underway, with its token"
+                )
+            held = self._shared.get(key)
+            if held is None or held[0].size < nbytes:
+                self._drain_pending()
+                try:
+                    block = self._arena.allocate(nbytes, stream_ptr, token)
+                except BackingOutOfMemoryError:
+                    raise self._out_of_memory(nbytes) from None
+                if held is not None:
+                    # Earlier graphs and possibly this capture used it: reusable on this
+                    # stream during the capture, by anyone after it.
+                    self._arena.free(held[0], stream_ptr)
+                self._shared[key] = held = (block, token)
+            self._touched.add(held[0].segment)
+            return held[0].ptr
 
     def _end_capture(self, token: Hashable, succeeded: bool) -> None:
         with self._lock:
@@ -191,31 +243,54 @@ class MemPool:
             self._drain_pending()
             arena = self._arena
             if succeeded:
+                seq = self._capture_seq
+                if seq is not None and seq in self._order.live:
+                    arena.pin(seq, self._touched)  # allocations after _add_graph (hooks)
                 arena.forget_owner(token)
                 arena.settle()
             else:
-                peak, _ = self._baseline
+                peak, _ = self._baseline or (arena.peak_active_bytes, 0)
                 arena.mark_owned_segments(token)
+                self._drop_shared(None if self._live_graphs == 0 else token)
                 arena.settle()
                 arena.release_free_segments(only_marked=True)
                 arena.peak_active_bytes = max(peak, arena.active_bytes)
             self._capture_token = None
             self._baseline = None
+            self._touched = set()
+            self._capture_seq = None
             if not succeeded:
                 self._release_if_idle()
 
     def _add_graph(self) -> int:
-        """A capture into this pool succeeded; returns the graph's place in capture order."""
+        """A capture into this pool succeeded; returns the graph's place in capture order.
+
+        The graph pins the segments its capture touched until :meth:`_remove_graph`.
+        """
         with self._lock:
             self._live_graphs += 1
-            return self._order.add()
+            seq = self._order.add()
+            self._arena.pin(seq, self._touched)
+            if self._capture_token is not None:
+                self._capture_seq = seq
+            return seq
 
     def _remove_graph(self, seq: int) -> None:
         with self._lock:
             self._live_graphs -= 1
             self._order.remove(seq)
+            self._arena.unpin(seq)
             self._drain_pending()
+            if self._live_graphs == 0 and self._capture_token is None:
+                self._drop_shared(None)
             self._release_if_idle()
+
+    def _drop_shared(self, token: Hashable | None) -> None:
+        """Free the shared blocks a capture allocated (``token``), or all of them (None)."""
+        for key, (block, owner) in list(self._shared.items()):
+            if token is None or owner is token:
+                del self._shared[key]
+                self._arena.free(block)
 
     def _release_block(self, block) -> None:
         """Called when the last array on a block dies; never raises (runs in finalizers)."""
@@ -293,69 +368,6 @@ def _release_all(arena: BlockArena) -> None:
         pass
 
 
-class _ReplayOrder:
-    """Replay-order and concurrency bookkeeping of the graphs sharing one pool.
-
-    Allowed transitions between replays: the same graph again, the next graph in capture
-    order, or the first graph (a new round). A replay on another stream while the previous
-    replay of the pool has not finished is a concurrent replay.
-    """
-
-    def __init__(self) -> None:
-        self._seqs = itertools.count()
-        self.live: list[int] = []
-        self.last: int | None = None
-        self.last_stream: int | None = None
-        self.event = None
-
-    def add(self) -> int:
-        seq = next(self._seqs)
-        self.live.append(seq)
-        return seq
-
-    def remove(self, seq: int) -> None:
-        if seq in self.live:
-            self.live.remove(seq)
-        if self.last == seq:
-            self.last = None
-
-    def check(self, pool_id: int, seq: int, stream_ptr: int) -> None:
-        if len(self.live) < 2 or self.last is None:
-            return
-        position = self.live.index(seq)
-        last_position = self.live.index(self.last)
-        if position not in (last_position, last_position + 1, 0):
-            raise PoolOrderError(
-                f"graph #{position + 1} of the {len(self.live)} graphs sharing memory pool "
-                f"{pool_id} was replayed right after graph #{last_position + 1} (got an "
-                f"out-of-order replay); graphs sharing a pool must replay in the order they "
-                f"were captured (each graph may repeat, and a round may restart at graph #1), "
-                f"or they overwrite each other's memory: replay in capture order, or give "
-                f"each graph its own pool"
-            )
-        if stream_ptr != self.last_stream and self.event is not None:
-            from cupy_backends.cuda.api import runtime
-
-            if runtime.eventQuery(self.event.ptr) != 0:
-                raise PoolOrderError(
-                    f"graph #{position + 1} sharing memory pool {pool_id} was replayed on "
-                    f"stream 0x{stream_ptr:x} while the previous replay of the pool, on "
-                    f"stream 0x{self.last_stream:x}, has not finished (got a concurrent "
-                    f"replay); graphs sharing a pool must not run at the same time: replay "
-                    f"them on one stream, synchronize in between, or give each its own pool"
-                )
-
-    def note(self, seq: int, stream_ptr: int) -> None:
-        from cupy.cuda import Event
-        from cupy_backends.cuda.api import runtime
-
-        if self.event is None:
-            self.event = Event(disable_timing=True)
-        runtime.eventRecord(self.event.ptr, stream_ptr)
-        self.last = seq
-        self.last_stream = stream_ptr
-
-
 # -- module-level functions ----------------------------------------------------------------
 
 
@@ -396,14 +408,14 @@ def memory_summary() -> str:
             str(s.live_arrays),
         ))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     if len(rows) == 1:
         lines.append("(no graph memory pools)")
     return "\n".join(lines)
 
 
 def empty_cache() -> int:
-    """Free the cached segments of every pool that no graph or capture holds.
+    """Free, in every pool without a capture underway, the free segments no live graph uses.
 
     Returns
     -------

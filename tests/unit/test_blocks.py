@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -34,7 +36,7 @@ def test_small_allocations_share_a_segment_and_are_aligned():
     assert [b.size for b in blocks] == [512, 512, 1024, 4096]
     assert all(b.ptr % ALIGNMENT == 0 for b in blocks)
     ends = sorted((b.ptr, b.ptr + b.size) for b in blocks)
-    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(ends, ends[1:])), "blocks overlap"
+    assert all(e1 <= s2 for (_, e1), (s2, _) in pairwise(ends)), "blocks overlap"
     assert arena.active_bytes == 512 + 512 + 1024 + 4096
     assert arena.reserved_bytes == SMALL_SEGMENT_BYTES
     arena.check_invariants()
@@ -133,12 +135,65 @@ def test_marked_segments_are_released_selectively():
     arena.check_invariants()
 
 
+def test_pinned_segments_stay_until_every_pin_is_dropped():
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    a, b = arena.allocate(3 << 20), arena.allocate(5 << 20)
+    seg_a, seg_b = a.segment, b.segment
+    arena.free(a)
+    arena.free(b)
+    arena.pin("g1", [seg_a])
+    arena.pin("g2", [seg_a, seg_b])
+    assert (seg_a.pins, seg_b.pins) == (2, 1)
+    arena.check_invariants()
+    assert arena.release_free_segments() == 0, "a pinned free segment went back"
+    arena.unpin("g2")
+    assert arena.release_free_segments() == 6 << 20  # only seg_b: seg_a is still pinned
+    assert set(backing.live) == {seg_a.ptr}
+    arena.unpin("g1")
+    arena.unpin("g1")  # unknown keys are ignored
+    assert arena.release_free_segments() == 4 << 20 and backing.live == {}
+    arena.check_invariants()
+
+
+def test_pinning_a_key_again_adds_only_new_segments():
+    arena = BlockArena(FakeBackingAllocator())
+    a, b = arena.allocate(100), arena.allocate(3 << 20)
+    arena.pin("g", [a.segment])
+    arena.pin("g", [a.segment, b.segment])  # late allocations of the same capture
+    assert (a.segment.pins, b.segment.pins) == (1, 1)
+    arena.check_invariants()
+    arena.unpin("g")
+    assert (a.segment.pins, b.segment.pins) == (0, 0)
+
+
+def test_marked_segment_a_live_graph_uses_is_kept_until_unpinned():
+    # A rolled-back capture's segment is marked to go back once free; if a later capture
+    # allocated from it, that capture's graph still replays into it.
+    backing = FakeBackingAllocator()
+    arena = BlockArena(backing)
+    leftover = arena.allocate(100, owner="failed")
+    arena.mark_owned_segments("failed")
+    reused = arena.allocate(4096, owner="ok")
+    assert reused.segment is leftover.segment
+    arena.pin("graph", [reused.segment])
+    arena.free(reused)
+    arena.free(leftover)
+    assert arena.release_free_segments(only_marked=True) == 0
+    arena.unpin("graph")
+    assert arena.release_free_segments(only_marked=True) == SMALL_SEGMENT_BYTES
+    assert backing.live == {} and arena.marked_segments == 0
+    arena.check_invariants()
+
+
 ops = st.lists(
     st.one_of(
         st.tuples(st.just("alloc"), st.integers(1, 3 << 20), st.sampled_from([None, 1, 2])),
         st.tuples(st.just("free"), st.integers(0, 50), st.sampled_from([None, 1, 2])),
         st.tuples(st.just("settle"), st.just(0), st.just(None)),
         st.tuples(st.just("release"), st.just(0), st.just(None)),
+        st.tuples(st.just("pin"), st.integers(0, 50), st.sampled_from(["g1", "g2", "g3"])),
+        st.tuples(st.just("unpin"), st.just(0), st.sampled_from(["g1", "g2", "g3"])),
     ),
     max_size=80,
 )
@@ -150,6 +205,8 @@ def test_invariants_hold_after_any_sequence(sequence):
     backing = FakeBackingAllocator(capacity=64 << 20)
     arena = BlockArena(backing)
     live = []
+    pinned: dict = {}  # key -> segment pointers, the model of the arena's pins
+    tagged = False  # a stream-tagged free since the last settle (may leave blocks unmerged)
     peak = 0
     for op, arg, tag in sequence:
         if op == "alloc":
@@ -159,16 +216,32 @@ def test_invariants_hold_after_any_sequence(sequence):
                 pass
         elif op == "free" and live:
             arena.free(live.pop(arg % len(live)), tag=tag)
+            tagged = tagged or tag is not None
         elif op == "settle":
             arena.settle()
+            tagged = False
         elif op == "release":
+            kept = {ptr for ptrs in pinned.values() for ptr in ptrs}
+            kept |= {b.segment.ptr for b in live}
             arena.release_free_segments()
+            assert kept <= set(backing.live), "a pinned or used segment went back"
+            if not tagged:  # every free segment is one merged block: all of them go back
+                assert set(backing.live) == kept, "a free, unpinned segment stayed"
+        elif op == "pin" and live:
+            segment = live[arg % len(live)].segment
+            arena.pin(tag, [segment])
+            pinned.setdefault(tag, set()).add(segment.ptr)
+        elif op == "unpin":
+            arena.unpin(tag)
+            pinned.pop(tag, None)
         arena.check_invariants()
         # No two live blocks overlap, and every live block lies inside a live segment.
         spans = sorted((b.ptr, b.ptr + b.size) for b in live)
-        assert all(e <= s for (_, e), (s, _) in zip(spans, spans[1:]))
+        assert all(e <= s for (_, e), (s, _) in pairwise(spans))
         for block in live:
             assert backing.live.get(block.segment.ptr) == block.segment.size
+        for ptrs in pinned.values():
+            assert ptrs <= set(backing.live), "a pinned segment went back"
         peak = max(peak, arena.active_bytes)
         assert arena.peak_active_bytes == peak
         assert arena.active_bytes == sum(b.size for b in live)
