@@ -33,10 +33,11 @@ QUICK_BUDGET_S = 60.0
 
 def _workloads() -> tuple[Workload, ...]:
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
+    from .workloads_serving import SERVING
     from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
-            POOL_ALLOC)
+            POOL_ALLOC, SERVING)
 
 
 #: Every workload, in run order.

@@ -28,6 +28,7 @@ from time import perf_counter
 __all__ = [
     "Summary",
     "summarize",
+    "single",
     "device_sync",
     "host_batch",
     "gpu_batch",
@@ -74,6 +75,11 @@ def summarize(samples: Sequence[float]) -> Summary:
         raise ValueError("no samples to summarize (got an empty list); measure at least once")
     return Summary(float(statistics.median(samples)), float(min(samples)),
                    float(max(samples)), len(samples))
+
+
+def single(value: float) -> Summary:
+    """The statistics of one measurement (a memory size, read once)."""
+    return Summary(value, value, value, 1)
 
 
 def device_sync() -> None:

@@ -7,14 +7,15 @@ the CuPy workloads and the no-GPU path never pay for (or need) them.
 from __future__ import annotations
 
 import gc
+from time import perf_counter
 
 import cugraphrt
 
 from .spec import SystemUnavailable, describe, keep
-from .timing import host_batch
+from .timing import device_sync, host_batch
 
 __all__ = ["torch_module", "adapter_module", "adapter_function", "mlp", "convnet",
-           "release_torch", "HandGraph", "one_kernel_replay", "WARMUP_ITERS"]
+           "release_torch", "HandGraph", "capture_batch", "one_kernel_replay", "WARMUP_ITERS"]
 
 WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
 
@@ -60,7 +61,7 @@ def mlp(torch, widths):
     could not tell a stale replay from a correct one.
     """
     layers = []
-    for n_in, n_out in zip(widths[:-1], widths[1:]):
+    for n_in, n_out in zip(widths[:-1], widths[1:], strict=True):
         linear = torch.nn.Linear(n_in, n_out)
         with torch.no_grad():
             torch.nn.init.kaiming_normal_(linear.weight, nonlinearity="relu")
@@ -92,9 +93,13 @@ def release_torch(torch) -> None:
 
 class HandGraph:
     """The hand-written ``torch.cuda.CUDAGraph`` of the PyTorch docs: side-stream warm-up,
-    capture, then copy in + replay per call."""
+    capture, then copy in + replay per call.
 
-    def __init__(self, torch, model, sample) -> None:
+    ``pool`` is a handle from ``torch.cuda.graph_pool_handle()`` shared with other graphs
+    (a private pool when None).
+    """
+
+    def __init__(self, torch, model, sample, pool=None) -> None:
         self.static_in = sample.clone()
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -103,13 +108,31 @@ class HandGraph:
                 model(self.static_in)
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with torch.cuda.graph(self.graph, pool=pool):
             self.static_out = model(self.static_in)
 
     def __call__(self, x):
         self.static_in.copy_(x)
         self.graph.replay()
         return self.static_out
+
+
+def capture_batch(torch, prepare, build, grad: bool = False) -> float:
+    """Wall seconds of ``build(prepare())``, synchronized before and after.
+
+    ``prepare`` (a model copy, say) is not timed; what ``build`` returns is dropped and
+    collected afterwards, so its teardown is not timed either.
+    """
+    model = prepare()
+    with torch.set_grad_enabled(grad):
+        device_sync()
+        start = perf_counter()
+        graphed = build(model)
+        device_sync()
+        seconds = perf_counter() - start
+    del graphed, model
+    gc.collect()
+    return seconds
 
 
 # -- replay (torch column) -----------------------------------------------------------------

@@ -19,7 +19,7 @@ import cugraphrt
 from cugraphrt._blocks import ALIGNMENT
 
 from .spec import Context, Row, RowBuilder, Target, Workload, check_close, cycling, keep
-from .timing import Summary, device_sync, gpu_batch, host_batch
+from .timing import device_sync, gpu_batch, host_batch, single
 
 __all__ = ["REPLAY", "CHAIN", "CUPY_MLP", "POOL_SHARING", "POOL_ALLOC"]
 
@@ -181,7 +181,7 @@ def mlp_params(widths, seed: int) -> list[tuple[cupy.ndarray, cupy.ndarray]]:
     """Weights and biases of an MLP with layer widths ``widths`` (input first)."""
     return [(random_array((n_in, n_out), seed + i, scale=n_in ** -0.5),
              random_array(n_out, seed + 100 + i, scale=0.1))
-            for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:]))]
+            for i, (n_in, n_out) in enumerate(zip(widths[:-1], widths[1:], strict=True))]
 
 
 def mlp_forward(params, x: cupy.ndarray, bernoulli=None) -> cupy.ndarray:
@@ -338,15 +338,15 @@ def cupy_pool_rows(ctx: Context) -> list[Row]:
     separate = _capture_set(forward, statics, stream, shared=False)
     shared = _capture_set(forward, statics, stream, shared=True)
     for name, use in (("cugraphrt_separate", separate), ("cugraphrt_shared", shared)):
-        reserved.set(name, _single(use["reserved"] / MIB))
-        device.set(name, _single(use["device"] / MIB))
+        reserved.set(name, single(use["reserved"] / MIB))
+        device.set(name, single(use["device"] / MIB))
     # The target's bound: the largest graph's peak (captured alone into its own pool) plus
     # the outputs the other graphs keep alive.
     largest = max(SHARE_BATCHES)
     bound = separate["peak_largest"] + sum(
         -(-nbytes // BLOCK_ALIGN) * BLOCK_ALIGN
         for b, nbytes in separate["outputs"].items() if b != largest)
-    reserved.set("bound", _single(bound / MIB))
+    reserved.set("bound", single(bound / MIB))
     return [reserved.build(), device.build()]
 
 
@@ -369,10 +369,6 @@ def _capture_set(forward, statics, stream, shared: bool) -> dict:
     del graphs, outputs, pools, pool
     release_memory()
     return use
-
-
-def _single(value: float) -> Summary:
-    return Summary(value, value, value, 1)
 
 
 def release_memory() -> None:

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import copy
 import functools
-import gc
 import sys
 import traceback
 from dataclasses import dataclass
-from time import perf_counter
 
 import cugraphrt
 
@@ -32,11 +30,12 @@ from .spec import (
     keep,
     verify,
 )
-from .timing import Summary, device_sync, gpu_batch, host_batch
+from .timing import gpu_batch, host_batch, single
 from .torch_common import (
     WARMUP_ITERS,
     HandGraph,
     adapter_function,
+    capture_batch,
     convnet,
     mlp,
     one_kernel_replay,
@@ -262,7 +261,7 @@ def run_capture_time(ctx: Context) -> None:
     _gradients(torch, base, (x, x))  # one-time costs (handles, kernels) billed to no system
     for p in base.parameters():
         p.grad = None  # the copies each system graphs start without gradients
-    for row, build in zip(rows, (_infer_builders, _train_builders)):
+    for row, build in zip(rows, (_infer_builders, _train_builders), strict=True):
         ctx.step(row.row.metric)
         try:
             batches = {system: row.setup(system, lambda f=factory: f(torch, base, x))
@@ -276,11 +275,11 @@ def run_capture_time(ctx: Context) -> None:
 def _infer_builders() -> dict:
     def torch_side(torch, base, x):
         model = copy.deepcopy(base).eval()
-        return keep(_capture_batch, torch, lambda: model, lambda m: HandGraph(torch, m, x))
+        return keep(capture_batch, torch, lambda: model, lambda m: HandGraph(torch, m, x))
 
     def ours(torch, base, x):
         graph_module = adapter_function("graph_module")
-        return keep(_capture_batch, torch, lambda: copy.deepcopy(base).eval(),
+        return keep(capture_batch, torch, lambda: copy.deepcopy(base).eval(),
                     lambda m: graph_module(m, (x.clone(),), num_warmup_iters=WARMUP_ITERS))
 
     return {"torch": torch_side, "cugraphrt_torch": ours}
@@ -288,30 +287,17 @@ def _infer_builders() -> dict:
 
 def _train_builders() -> dict:
     def torch_side(torch, base, x):
-        return keep(_capture_batch, torch, lambda: copy.deepcopy(base).train(),
+        return keep(capture_batch, torch, lambda: copy.deepcopy(base).train(),
                     lambda m: torch.cuda.make_graphed_callables(
                         m, (x.clone(),), num_warmup_iters=WARMUP_ITERS), True)
 
     def ours(torch, base, x):
         make_graphed_callables = adapter_function("make_graphed_callables")
-        return keep(_capture_batch, torch, lambda: copy.deepcopy(base).train(),
+        return keep(capture_batch, torch, lambda: copy.deepcopy(base).train(),
                     lambda m: make_graphed_callables(
                         m, (x.clone(),), num_warmup_iters=WARMUP_ITERS), True)
 
     return {"torch": torch_side, "cugraphrt_torch": ours}
-
-
-def _capture_batch(torch, prepare, build, grad: bool = False) -> float:
-    model = prepare()  # the model copy is not part of capturing
-    with torch.set_grad_enabled(grad):
-        device_sync()
-        start = perf_counter()
-        graphed = build(model)
-        device_sync()
-        seconds = perf_counter() - start
-    del graphed, model
-    gc.collect()
-    return seconds
 
 
 # -- pool_sharing (torch half) -------------------------------------------------------------
@@ -343,8 +329,8 @@ def torch_pool_rows(ctx: Context, batches, widths) -> list[Row]:
             if use is None:
                 device.row.cells[system] = reserved.row.cells[system]
             else:
-                reserved.set(system, _single(use[0] / MIB))
-                device.set(system, _single(use[1] / MIB))
+                reserved.set(system, single(use[0] / MIB))
+                device.set(system, single(use[1] / MIB))
     return [reserved.build(), device.build()]
 
 
@@ -399,10 +385,6 @@ def _pool_use(torch, capture, statics) -> tuple[int, int]:
     del graphs, outputs, pools
     release_torch(torch)
     return reserved, used
-
-
-def _single(value: float) -> Summary:
-    return Summary(value, value, value, 1)
 
 
 # -- the workloads -------------------------------------------------------------------------
