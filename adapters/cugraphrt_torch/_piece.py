@@ -117,11 +117,12 @@ class Piece:
     Called by AOTAutograd with a list of inputs (``_boxed_call``); returns the list of outputs.
     """
 
-    _boxed_call = True
-
     def __init__(self, compiled, *, name: str, compiler: str, names: Sequence[str],
                  static: Sequence[int], mutated: frozenset[int], dynamic: bool,
                  reason: str | None, settings: PieceSettings) -> None:
+        # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
+        # whose functools.wraps copies the instance's __dict__, not its class attributes.
+        self._boxed_call = True
         self._compiled = compiled
         self.name = name
         self.compiler = compiler

@@ -9,6 +9,7 @@ transformers or torchvision is missing.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -19,7 +20,9 @@ from .timing import summarize
 
 __all__ = ["HF_DECODE", "RESNET50"]
 
-SYSTEMS = ("torch_eager", "torch_graph", "torch_compile", "torch_cudagraphs",
+# torch_inductor (default mode, no CUDA graphs) shows what Inductor's numerics alone do to
+# the tokens.
+SYSTEMS = ("torch_eager", "torch_graph", "torch_inductor", "torch_compile", "torch_cudagraphs",
            "cugraphrt_compile")
 DECODE_STEPS = 64
 _REPEATS = 5
@@ -27,6 +30,8 @@ _REPEATS = 5
 
 # -- the child process: one system of one workload -----------------------------------------
 def _compile(torch, fn, system: str):
+    if system == "torch_inductor":
+        return torch.compile(fn)
     if system == "torch_compile":
         return torch.compile(fn, mode="reduce-overhead")
     if system == "torch_cudagraphs":
@@ -84,8 +89,10 @@ def _decode_child(torch, system: str) -> dict:
             if i in (8, DECODE_STEPS - 1):
                 torch.cuda.synchronize()
                 marks.append(time.perf_counter())
-            token = run(token, positions[start + i:start + i + 1])
-            tokens.append(token.clone())
+            # A copy: graph outputs (reduce-overhead's, the hand graph's) are overwritten
+            # by the next step, which reads this token.
+            token = run(token, positions[start + i:start + i + 1]).clone()
+            tokens.append(token)
         return torch.cat(tokens, 1)[0].tolist(), (marks[1] - marks[0]) / (DECODE_STEPS - 9)
 
     with torch.no_grad():
@@ -157,23 +164,26 @@ def _run_system(workload: str, system: str) -> dict:
 
 def _run(ctx: Context, workload: str, package: str) -> None:
     rows = {name: RowBuilder(name, unit, SYSTEMS, "torch_graph", "cugraphrt_compile")
-            for name, unit in (("step", "us"), ("compile + capture", "s"), ("memory", "MiB"))}
+            for name, unit in (("step", "us"), ("compile + capture", "s"), ("memory", "MiB"),
+                               ("same as eager", "steps" if workload == "hf_decode" else "err"))}
     missing = _missing(package)
     if ctx.quick or missing:
         for row in rows.values():
             row.unavailable_all(missing or f"skipped in --quick (run --only {workload})")
             ctx.emit(row.build())
         return
-    results = {}
+    results: dict[str, dict | None] = {}
     for system in SYSTEMS:
         ctx.step(f"{workload}: {system}")
-        results[system] = rows["step"].setup(system, lambda s=system: _run_system(workload, s))
+        results[system] = rows["step"].setup(system, functools.partial(_run_system, workload,
+                                                                       system))
     eager = results.get("torch_eager")
     for system, result in results.items():
         if result is None:
             for row in list(rows.values())[1:]:
                 row.unavailable(system, "the system failed (see the step row)")
             continue
+        rows["same as eager"].set(system, summarize([_agreement(result, eager)]))
         if not _same_as_eager(rows["step"], system, result, eager):
             continue
         rows["step"].set(system, summarize(result["step_s"]).scaled(1e6))
@@ -184,18 +194,27 @@ def _run(ctx: Context, workload: str, package: str) -> None:
 
 
 def _same_as_eager(row: RowBuilder, system: str, result: dict, eager: dict | None) -> bool:
-    if "tokens" in result:
-        if eager is None or result["tokens"] != eager["tokens"]:
-            differ = "no eager tokens" if eager is None else next(
-                i for i, (a, b) in enumerate(zip(result["tokens"], eager["tokens"],
-                                                 strict=True)) if a != b)
-            row.fail(system, RuntimeError(f"tokens differ from eager's (first at {differ})"))
-            return False
-    elif result["error"] > 2e-2:
+    # Decode tokens are compared in their own row: Inductor's bf16 rounding alone can flip
+    # an argmax of random weights (torch_inductor shows it), which says nothing of timing.
+    if "error" in result and result["error"] > 2e-2:
         row.fail(system, RuntimeError(f"output differs from eager (relative error "
                                       f"{result['error']:.1e})"))
         return False
     return True
+
+
+def _agreement(result: dict, eager: dict | None) -> float:
+    """Decode: leading tokens equal to eager's; images: relative error against eager."""
+    if "tokens" not in result:
+        return result["error"]
+    if eager is None:
+        return 0.0
+    same = 0
+    for a, b in zip(result["tokens"], eager["tokens"], strict=True):
+        if a != b:
+            break
+        same += 1
+    return float(same - 1)  # the first token comes from the eager prefill
 
 
 def _missing(package: str) -> str | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import gc
 import warnings
 
 import pytest
@@ -12,17 +13,26 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.gpu
 
 
+_first_region = [0]
+
+
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
+    from cugraphrt_torch import dynamo
+
     torch._dynamo.reset()
+    gc.collect()
+    _first_region[0] = next(dynamo._region_ids) + 1  # this test's pieces come after
     yield
     torch._dynamo.reset()
 
 
-def _reports(prefix=""):
+def _reports():
+    """Reports of the pieces compiled by the running test."""
     import cugraphrt_torch
 
-    return [r for r in cugraphrt_torch.compile_report() if r.name.startswith(prefix)]
+    return [r for r in cugraphrt_torch.compile_report()
+            if int(r.name.split()[1]) >= _first_region[0]]
 
 
 class Decoder(torch.nn.Module):
@@ -129,6 +139,8 @@ def test_a_moved_static_input_re_records_then_falls_back_with_a_warning():
 
 
 def test_strict_raises_where_the_default_falls_back():
+    import cugraphrt_torch
+
     import cugraphrt
 
     def mixed(x):
@@ -141,6 +153,7 @@ def test_strict_raises_where_the_default_falls_back():
     with pytest.raises(cugraphrt.CaptureError, match="cannot be captured.*on cpu"):
         strict(x)
     torch._dynamo.reset()
+    _first_region[0] = next(cugraphrt_torch.dynamo._region_ids) + 1
     relaxed = torch.compile(mixed, backend="cugraphrt", options={"compiler": "aot_eager"})
     for _ in range(3):
         torch.testing.assert_close(relaxed(x), mixed(x))
