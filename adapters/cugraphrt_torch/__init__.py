@@ -8,6 +8,8 @@
   ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
 * :func:`make_graphed_callables`: forward and backward graphs for training, a drop-in for
   ``torch.cuda.make_graphed_callables`` that accumulates gradients safely.
+* ``torch.compile(model, backend="cugraphrt")``: compiled code replayed as cugraphrt graphs
+  (:mod:`cugraphrt_torch.dynamo`); :func:`compile_report` says what was graphed.
 
 See ``docs/torch.md`` and ``docs/training.md`` for the design, and ``examples/``.
 """
@@ -18,7 +20,9 @@ from .autograd import make_graphed_callables
 from .bucketed import BucketedModule
 from .capture import graph
 from .dlpack import from_cupy, to_cupy
+from .dynamo import CompileOptions, compile_report, format_compile_report
 from .module import GraphedModule, graph_module
 
-__all__ = ["BucketedModule", "GraphedModule", "from_cupy", "graph", "graph_module", "make_graphed_callables",
-           "to_cupy"]
+__all__ = ["BucketedModule", "CompileOptions", "GraphedModule", "compile_report",
+           "format_compile_report", "from_cupy", "graph", "graph_module",
+           "make_graphed_callables", "to_cupy"]

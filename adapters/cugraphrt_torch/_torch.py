@@ -20,6 +20,7 @@ __all__ = [
     "current_torch_stream_ptr",
     "stream_handle",
     "stream_pair",
+    "drop_blas_workspaces",
 ]
 
 _lock = threading.Lock()
@@ -153,3 +154,24 @@ def stream_pair(stream, device: int) -> tuple[cupy.cuda.Stream, object]:
     if isinstance(stream, torch.cuda.Stream):
         return cupy_stream_for(int(stream.cuda_stream), device), stream
     return stream, torch_stream_for(int(stream.ptr), device)
+
+
+def drop_blas_workspaces() -> None:
+    """Make torch forget its cached cuBLAS / cuBLASLt workspaces (all handles and streams).
+
+    Torch keeps one workspace per (cuBLAS handle, stream) in a process-wide cache, allocated
+    on first use, and a captured matmul bakes that workspace's address into the graph. The
+    cache does not know about graphs: ``torch.compile``'s CUDA graph trees clear it before
+    and after every warm-up and recording (``clear_cublas_manager``) and then
+    ``torch.cuda.graph`` calls ``empty_cache()``, which hands the freed workspace back to the
+    driver, so a graph that captured a cached workspace replays into unmapped memory
+    (``cudaErrorLaunchFailure``) or into memory that is someone else's by then.
+
+    Called right before each capture begins, it makes the capture allocate a fresh
+    workspace from the capture's own pool; called right after it ends, it stops eager work
+    and later captures from sharing that workspace. The workspace then belongs to the
+    graph's pool like any intermediate freed during the capture: it stays mapped while the
+    pool lives, whatever torch does to its cache. This is what the graph trees do for their
+    own recordings.
+    """
+    torch._C._cuda_clearCublasWorkspaces()

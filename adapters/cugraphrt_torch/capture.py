@@ -169,6 +169,9 @@ class _Session:
 
     def _start(self, stream, mode: str) -> None:
         """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
+        # The capture's matmuls get a workspace from its pool, not torch's shared cache,
+        # which torch.compile's graph trees clear and free (see drop_blas_workspaces).
+        _torch.drop_blas_workspaces()
         try:
             self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
             return
@@ -202,6 +205,7 @@ class _Session:
                 translated = CaptureError(f"torch could not end the capture (got: {exc}); "
                                           f"see the chained exception")
             raise translated from exc
+        _torch.drop_blas_workspaces()  # nothing after the capture shares its workspace
         return int(self.torch_graph.raw_cuda_graph())
 
     def end(self):
@@ -268,6 +272,8 @@ class _Session:
             done = True
         except Exception:  # noqa: BLE001 - fall back to a fresh torch pool next time
             pass
+        with contextlib.suppress(Exception):  # the failed capture's workspace is not shared
+            _torch.drop_blas_workspaces()
         if not done:
             self._strand()
 

@@ -1,6 +1,8 @@
-"""Reproduces the known torch.compile interop fault (docs/torch.md, "Known issue").
+"""cugraphrt graphs of two models, each also compiled with reduce-overhead, in one process.
 
-Exits 0 when the sequence runs correctly. Run: python tests/torch/repro_compile_interop.py
+This sequence faulted before captures stopped sharing torch's cached cuBLAS workspace
+(docs/torch.md, "Coexisting with torch.compile"). Exits 0 when it runs correctly.
+Run: python tests/torch/repro_compile_interop.py
 """
 
 from __future__ import annotations

@@ -1,0 +1,339 @@
+"""One compiled FX graph of the dynamo backend, run as cugraphrt graphs: the runtime.
+
+A *piece* is what AOTAutograd hands a compiler: the inference graph, or the forward or the
+backward graph, of one region dynamo traced between graph breaks. Its compiled code (Inductor's
+or the FX interpreter's) takes a list of inputs and returns a list of outputs.
+
+Per call: the first ``warmup`` calls of each shape run the compiled code eagerly (kernels are
+compiled and loaded lazily, which a capture forbids); the next call captures it with
+:class:`cugraphrt_torch.graph` and replays it once; later calls replay. Static inputs
+(parameters, buffers, ``mark_static_address``) are read in place, so in-place updates of them
+(KV caches, counters) are part of the graph. Other tensors are copied into buffers owned by
+the recording, and those the graph writes to are copied back after each replay. A static
+input found at another address re-records, a bounded number of times.
+"""
+
+from __future__ import annotations
+
+import threading
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from cugraphrt import pool as _pool_module
+from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
+from cugraphrt.graphs import Graph
+from cugraphrt.pool import MemPool
+
+from .capture import graph as _capture
+
+__all__ = ["Piece", "PieceReport", "PieceSettings", "live_pieces", "shared_pool"]
+
+_Tensor = torch.Tensor
+
+
+def _same_ptrs_py(tensors: list, ptrs: list, indices: list[int]) -> bool:
+    return all(tensors[i].data_ptr() == ptrs[i] for i in indices)
+
+
+# The check of every static input's address runs on each call: torch's CUDA builds do it in
+# C++ (what its CUDA graph trees use); CPU builds lack it.
+_same_ptrs = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _same_ptrs_py)
+_foreach_copy = torch._foreach_copy_
+
+
+@dataclass(frozen=True)
+class PieceSettings:
+    """The backend options a piece needs (validated by :mod:`cugraphrt_torch.dynamo`)."""
+
+    warmup: int
+    max_graphs: int
+    max_rerecords: int
+    copy_outputs: bool
+    strict: bool
+
+
+@dataclass(frozen=True)
+class PieceReport:
+    """What the backend did with one piece.
+
+    Attributes
+    ----------
+    name : str
+        The region and the graph: ``"graph 0 inference"``, ``"graph 1 backward"``.
+    compiler : str
+        ``"inductor"`` or ``"aot_eager"``.
+    graphed : bool
+        Whether calls are served by CUDA graph replays (False before the first capture and
+        after a fallback).
+    reason : str or None
+        Why the piece runs eagerly, when it does for good.
+    graphs : int
+        Recordings held (one per input shape).
+    replays : int
+        Calls served by a replay (the capturing call included).
+    rerecords : int
+        Recordings redone because a static input moved.
+    static_inputs, copied_inputs, mutated_inputs : tuple of str
+        Input names read in place, copied in, and written by the graph.
+    """
+
+    name: str
+    compiler: str
+    graphed: bool
+    reason: str | None
+    graphs: int
+    replays: int
+    rerecords: int
+    static_inputs: tuple[str, ...]
+    copied_inputs: tuple[str, ...]
+    mutated_inputs: tuple[str, ...]
+
+
+class _Recording:
+    """One capture of a piece: the graph, the buffers it reads and the outputs it writes."""
+
+    __slots__ = ("graph", "replay", "static_ptrs", "buffers", "copy_from", "write_back",
+                 "outputs", "clone")
+
+    def __init__(self, cuda_graph: Graph, replay, static_ptrs: list, buffers: list,
+                 copy_from: list[int], write_back: list, outputs: list, clone: list) -> None:
+        self.graph = cuda_graph
+        self.replay = replay
+        self.static_ptrs = static_ptrs
+        self.buffers = buffers
+        self.copy_from = copy_from
+        self.write_back = write_back
+        self.outputs = outputs
+        self.clone = clone
+
+
+class Piece:
+    """Runs one compiled AOT graph as cugraphrt graphs (see the module docstring).
+
+    Called by AOTAutograd with a list of inputs (``_boxed_call``); returns the list of outputs.
+    """
+
+    def __init__(self, compiled, *, name: str, compiler: str, names: Sequence[str],
+                 static: Sequence[int], mutated: frozenset[int], dynamic: bool,
+                 reason: str | None, settings: PieceSettings) -> None:
+        # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
+        # whose functools.wraps copies the instance's __dict__, not its class attributes.
+        self._boxed_call = True
+        self._compiled = compiled
+        self.name = name
+        self.compiler = compiler
+        self._names = list(names)
+        self._static = sorted(set(static))
+        self._mutated = mutated
+        self._dynamic = dynamic
+        self._settings = settings
+        self._reason = reason  # set: run eagerly for good
+        self._recordings: dict[tuple, _Recording] = {}
+        self._warm: dict[tuple, int] = {}
+        self._over_limit: set[tuple] = set()
+        self._copied: tuple[str, ...] = ()
+        self._replays = 0
+        self._rerecords = 0
+        self._pool: MemPool | None = None
+        _register(self)
+
+    # -- the call path -------------------------------------------------------------------
+    def __call__(self, args: list):
+        if self._reason is not None:
+            return self._fallback(args)
+        key = self._key(args) if self._dynamic else ()
+        rec = self._recordings.get(key)
+        if rec is None:
+            return self._first_calls(key, args)
+        if self._static and not _same_ptrs(args, rec.static_ptrs, self._static):
+            return self._moved(key, rec, args)
+        if rec.copy_from:
+            _foreach_copy(rec.buffers, [args[i] for i in rec.copy_from])
+        replay = rec.replay
+        if _pool_module._checks_enabled:
+            replay.on_torch_stream()
+        else:
+            replay._replay()
+        self._replays += 1
+        for index, buffer in rec.write_back:
+            args[index].copy_(buffer)
+        if self._settings.copy_outputs:
+            return [out.clone() if clone else out
+                    for out, clone in zip(rec.outputs, rec.clone, strict=True)]
+        return list(rec.outputs)
+
+    def _key(self, args: list) -> tuple:
+        # Dynamic graphs take their symbolic sizes as int inputs; copied tensors' shapes are
+        # included for sizes that reach the graph only through a tensor.
+        return tuple(a if isinstance(a, int) else tuple(a.shape) for i, a in enumerate(args)
+                     if isinstance(a, int) or (isinstance(a, _Tensor) and i not in self._static))
+
+    def _eager(self, args: list):
+        return self._compiled(list(args))
+
+    def _fallback(self, args: list):
+        if self._settings.strict:
+            raise CaptureError(f"piece '{self.name}' cannot be captured ({self._reason}); "
+                               f"run it without strict=True to fall back to eager")
+        return self._eager(args)
+
+    def _first_calls(self, key: tuple, args: list):
+        warm = self._warm.get(key, 0)
+        if warm < self._settings.warmup:
+            self._warm[key] = warm + 1
+            return self._eager(args)
+        if len(self._recordings) >= self._settings.max_graphs:
+            return self._too_many(key, args)
+        return self._record(key, args)
+
+    def _too_many(self, key: tuple, args: list):
+        message = (f"piece '{self.name}' already holds {len(self._recordings)} graphs, one per "
+                   f"input shape (got another shape: {key}); raise max_graphs, mark the "
+                   f"sizes static, or pad inputs to a few shapes")
+        if self._settings.strict:
+            raise ReplayError(message + " (strict=True)")
+        if key not in self._over_limit:
+            self._over_limit.add(key)
+            warnings.warn(message + "; running this shape eagerly", UserWarning, stacklevel=3)
+        return self._eager(args)
+
+    def _moved(self, key: tuple, rec: _Recording, args: list):
+        index = next(i for i in self._static if args[i].data_ptr() != rec.static_ptrs[i])
+        self._rerecords += 1
+        if self._rerecords <= self._settings.max_rerecords:
+            self._recordings.pop(key)
+            rec.graph.reset()
+            return self._record(key, args)
+        message = (f"static input '{self._names[index]}' of piece '{self.name}' moved to "
+                   f"another address (got 0x{args[index].data_ptr():x}, captured "
+                   f"0x{rec.static_ptrs[index]:x}) after {self._settings.max_rerecords} "
+                   f"re-recordings; keep static tensors in place (update them with copy_) or "
+                   f"raise max_rerecords")
+        if self._settings.strict:
+            raise ReplayError(message + " (strict=True)")
+        self._give_up(message)
+        warnings.warn(message + "; running this piece eagerly from now on", UserWarning,
+                      stacklevel=3)
+        return self._eager(args)
+
+    def _give_up(self, reason: str) -> None:
+        self._reason = reason
+        recordings, self._recordings = self._recordings, {}
+        for rec in recordings.values():
+            rec.graph.reset()
+
+    # -- capture -------------------------------------------------------------------------
+    def _record(self, key: tuple, args: list):
+        try:
+            rec = self._capture(args)
+        except CugraphrtError as exc:
+            self._give_up(f"the capture failed: {exc}")
+            if self._settings.strict:
+                raise CaptureError(f"piece '{self.name}' cannot be captured "
+                                   f"({self._reason}); run it without strict=True to fall "
+                                   f"back to eager") from exc
+            warnings.warn(f"piece '{self.name}' runs eagerly: {self._reason}", UserWarning,
+                          stacklevel=4)
+            return self._eager(args)
+        self._recordings[key] = rec
+        rec.replay.on_torch_stream()  # a capture records work without running it
+        self._replays += 1
+        for index, buffer in rec.write_back:
+            args[index].copy_(buffer)
+        if self._settings.copy_outputs:
+            return [out.clone() if clone else out
+                    for out, clone in zip(rec.outputs, rec.clone, strict=True)]
+        return list(rec.outputs)
+
+    def _capture(self, args: list) -> _Recording:
+        static = set(self._static)
+        copy_from = [i for i, a in enumerate(args) if isinstance(a, _Tensor) and i not in static]
+        for i in copy_from:
+            if any(s == 0 and n > 1 for s, n in zip(args[i].stride(), args[i].shape,
+                                                      strict=True)):
+                raise CaptureError(f"input '{self._names[i]}' is expanded (a stride of 0, "
+                                   f"got strides {args[i].stride()}); pass a contiguous tensor")
+        # Buffers are allocated outside the capture pool, with the caller's layout: the
+        # compiled code checks strides.
+        buffers = [torch.empty_strided(args[i].shape, args[i].stride(), dtype=args[i].dtype,
+                                       device=args[i].device) for i in copy_from]
+        inputs = list(args)
+        for i, buffer in zip(copy_from, buffers, strict=True):
+            buffer.copy_(args[i])
+            inputs[i] = buffer
+        if self._pool is None:
+            self._pool = shared_pool(_device_of(inputs))
+        cuda_graph = Graph()
+        context = _capture(cuda_graph, pool=self._pool, capture_error_mode="thread_local")
+        with context:
+            outputs = self._compiled(list(inputs))
+        outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        # An output that views an input keeps aliasing it (AOTAutograd rebuilds such views
+        # from the caller's tensor); every other tensor output lives in the pool.
+        input_storages = {t.untyped_storage().data_ptr() for t in inputs
+                          if isinstance(t, _Tensor)}
+        clone = [isinstance(o, _Tensor) and o.untyped_storage().data_ptr() not in input_storages
+                 for o in outputs]
+        static_ptrs = [a.data_ptr() if i in static and isinstance(a, _Tensor) else None
+                       for i, a in enumerate(args)]
+        write_back = [(i, b) for i, b in zip(copy_from, buffers, strict=True)
+                      if i in self._mutated]
+        self._copied = tuple(self._names[i] for i in copy_from)
+        return _Recording(cuda_graph, context._replay, static_ptrs, buffers, copy_from,
+                          write_back, outputs, clone)
+
+    # -- report --------------------------------------------------------------------------
+    def report(self) -> PieceReport:
+        """This piece's :class:`PieceReport`."""
+        return PieceReport(
+            name=self.name, compiler=self.compiler,
+            graphed=self._reason is None and bool(self._recordings), reason=self._reason,
+            graphs=len(self._recordings), replays=self._replays, rerecords=self._rerecords,
+            static_inputs=tuple(self._names[i] for i in self._static),
+            copied_inputs=self._copied,
+            mutated_inputs=tuple(self._names[i] for i in sorted(self._mutated)))
+
+
+def _device_of(inputs: list) -> int:
+    for value in inputs:
+        if isinstance(value, _Tensor) and value.is_cuda:
+            return value.device.index
+    return torch.cuda.current_device()
+
+
+# Pieces replay one after another on one stream and hand out copies (or keep their outputs
+# allocated), so every piece of a thread can share one pool: memory one graph frees during
+# its capture is scratch for the others. Per thread, because graphs of two threads may run
+# at the same time (autograd runs backward graphs on its own thread).
+_pools = threading.local()
+
+
+def shared_pool(device: int) -> MemPool:
+    """The cugraphrt pool the pieces of this thread use on ``device`` (created once)."""
+    pools = getattr(_pools, "by_device", None)
+    if pools is None:
+        pools = _pools.by_device = {}
+    pool = pools.get(device)
+    if pool is None:
+        pool = pools[device] = MemPool(device=device)
+    return pool
+
+
+_lock = threading.Lock()
+_registry: list[weakref.ref] = []
+
+
+def _register(piece: Piece) -> None:
+    with _lock:
+        _registry[:] = [ref for ref in _registry if ref() is not None]
+        _registry.append(weakref.ref(piece))
+
+
+def live_pieces() -> list[Piece]:
+    """Pieces still in use (compiled code dynamo keeps), in the order they were compiled."""
+    with _lock:
+        return [piece for piece in (ref() for ref in _registry) if piece is not None]

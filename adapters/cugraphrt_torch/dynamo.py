@@ -1,0 +1,211 @@
+"""The ``torch.compile`` backend ``"cugraphrt"``: compiled code replayed as cugraphrt graphs.
+
+``torch.compile(model, backend="cugraphrt")`` finds this backend through the
+``torch_dynamo_backends`` entry point, so no import is needed. Dynamo hands the backend one
+FX graph per region between graph breaks; AOTAutograd splits each into an inference graph, or
+a forward and a backward graph; each of those is compiled (by Inductor, or by ``aot_eager``'s
+FX interpreter) and becomes a :class:`~cugraphrt_torch._piece.Piece`, which captures the
+compiled code into a cugraphrt graph and replays it. See ``docs/compile.md``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+import torch._guards
+from pydantic import Field
+
+from cugraphrt.errors import OptionsError
+from cugraphrt.options import _Frozen, validate_options
+
+from . import _fx_inspect
+from ._piece import Piece, PieceReport, PieceSettings, live_pieces
+
+__all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
+
+
+class CompileOptions(_Frozen):
+    """Options of the ``"cugraphrt"`` backend, given as ``torch.compile(options={...})``.
+
+    Attributes
+    ----------
+    compiler : {"inductor", "aot_eager"}
+        What compiles each graph: Inductor (fused Triton kernels), or AOTAutograd alone with
+        the graph run op by op (``aot_eager``; quick to compile, useful to rule Inductor out).
+    strict : bool
+        Raise instead of falling back: :class:`cugraphrt.CaptureError` for a piece that
+        cannot be captured, :class:`cugraphrt.ReplayError` past ``max_graphs`` or
+        ``max_rerecords``.
+    warmup : int
+        Eager calls of each piece per input shape before it is captured (at least 1:
+        compiled kernels load on their first run, which a capture forbids).
+    max_graphs : int
+        Recordings per piece, one per input shape of a dynamic graph; calls with further
+        shapes run eagerly (with a warning).
+    max_rerecords : int
+        How often a piece is captured again because a static input (parameter, buffer,
+        ``mark_static_address`` tensor) moved; after that it runs eagerly, with a warning
+        that names the input.
+    copy_outputs : bool
+        Return copies of the outputs (the default: outputs stay valid like eager ones). With
+        False, a piece returns the tensors its graph writes, which its next call overwrites.
+    """
+
+    compiler: Literal["inductor", "aot_eager"] = "inductor"
+    strict: bool = False
+    warmup: int = Field(default=1, ge=1)
+    max_graphs: int = Field(default=8, ge=1)
+    max_rerecords: int = Field(default=3, ge=0)
+    copy_outputs: bool = True
+
+
+_region_ids = itertools.count()
+
+
+def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
+            options: dict | None = None, mode: str | None = None):
+    """Compile one dynamo graph for ``torch.compile(backend="cugraphrt")``.
+
+    Parameters
+    ----------
+    gm : torch.fx.GraphModule
+        The region dynamo traced.
+    example_inputs : sequence
+        Its inputs (fake tensors and ints).
+    options : dict, optional
+        :class:`CompileOptions` fields.
+    mode : str, optional
+        Not supported (``torch.compile``'s modes are Inductor's); raises OptionsError.
+
+    Returns
+    -------
+    callable
+        What dynamo calls in place of the region.
+    """
+    if mode is not None:
+        raise OptionsError("mode", mode, "the cugraphrt backend takes no mode; pass "
+                                         "options={...} (see CompileOptions)")
+    if options is not None and not isinstance(options, dict):
+        raise OptionsError("options", options, "a dict of CompileOptions fields")
+    opts = validate_options(CompileOptions, **(options or {}))
+    settings = PieceSettings(warmup=opts.warmup, max_graphs=opts.max_graphs,
+                             max_rerecords=opts.max_rerecords, copy_outputs=opts.copy_outputs,
+                             strict=opts.strict)
+    region = _Region(next(_region_ids), opts.compiler, settings,
+                     _fx_inspect.placeholder_names(gm))
+    if opts.compiler == "aot_eager":
+        return region.compile_aot_eager(gm, example_inputs)
+    return region.compile_inductor(gm, example_inputs)
+
+
+class _Region:
+    """The pieces of one dynamo graph: inference, or forward and backward."""
+
+    def __init__(self, number: int, compiler: str, settings: PieceSettings,
+                 dynamo_names: list[str]) -> None:
+        self.number = number
+        self.compiler = compiler
+        self.settings = settings
+        self.dynamo_names = dynamo_names
+        # Inputs of the forward that stay in place: the backward's primals among them too.
+        self.forward_static: frozenset[int] = frozenset()
+
+    def compile_inductor(self, gm, example_inputs):
+        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+        def inner(graph, inputs, **kwargs):
+            compiled = compile_fx_inner(graph, inputs, **kwargs)
+            kind = ("backward" if kwargs.get("is_backward") else
+                    "inference" if kwargs.get("is_inference") else "forward")
+            return self.piece(compiled, graph, inputs, kind, kwargs.get("static_input_idxs"))
+
+        # AOTAutograd's cache stores Inductor's output code; a Piece is not one.
+        with _no_autograd_cache():
+            return compile_fx(gm, example_inputs, inner_compile=inner,
+                              config_patches={"triton.cudagraphs": False})
+
+    def compile_aot_eager(self, gm, example_inputs):
+        from torch._dynamo.backends.common import aot_autograd
+        from torch._functorch.aot_autograd import make_boxed_func
+
+        def compiler(kind):
+            def compile_graph(graph, inputs):
+                return self.piece(make_boxed_func(graph.forward), graph, inputs, kind, None)
+            return compile_graph
+
+        aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                           inference_compiler=compiler("inference"),
+                           keep_inference_input_mutations=True)
+        with _no_autograd_cache():
+            return aot(gm, example_inputs)
+
+    def piece(self, compiled, graph, inputs, kind: str, static) -> Piece:
+        names = _fx_inspect.placeholder_names(graph)
+        if kind != "backward" and len(names) == len(self.dynamo_names):
+            names = self.dynamo_names  # the user's names: l_self_modules_fc_parameters_weight_
+        if kind == "backward":
+            static = self._backward_static(names)
+        elif static is None:
+            static = _forward_static(len(inputs))
+        if kind != "backward":
+            self.forward_static = frozenset(static)
+        dynamic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+            isinstance(s, torch.SymInt) for s in v.shape)) for v in inputs)
+        return Piece(compiled, name=f"graph {self.number} {kind}", compiler=self.compiler,
+                     names=names, static=static, mutated=_fx_inspect.mutated_inputs(graph),
+                     dynamic=dynamic,
+                     reason=_fx_inspect.uncapturable_reason(graph, inputs, names),
+                     settings=self.settings)
+
+    def _backward_static(self, names: list[str]) -> list[int]:
+        # A backward reads the forward's inputs it saved as placeholders primals_<k+1>; only
+        # those that were static there stay in place. Saved activations are forward outputs,
+        # copied out on every call, so they are copied in.
+        static = []
+        for index, name in enumerate(names):
+            if name.startswith("primals_") and name[8:].isdigit():
+                if int(name[8:]) - 1 in self.forward_static:
+                    static.append(index)
+        return static
+
+
+def _forward_static(count: int) -> list[int]:
+    """AOTAutograd's static inputs of the graph being compiled (parameters, buffers, marked)."""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None) if context is not None else None
+    indices = getattr(metadata, "static_input_indices", None)
+    return [i for i in indices if i < count] if indices else []
+
+
+@contextlib.contextmanager
+def _no_autograd_cache():
+    from torch._functorch import config as functorch_config
+
+    with functorch_config.patch(enable_autograd_cache=False):
+        yield
+
+
+def compile_report() -> list[PieceReport]:
+    """What the ``"cugraphrt"`` backend did with each piece still in use in this process.
+
+    Returns
+    -------
+    list of PieceReport
+        In compilation order; a piece goes away with the compiled code dynamo drops
+        (``torch._dynamo.reset()``).
+    """
+    return [piece.report() for piece in live_pieces()]
+
+
+def format_compile_report() -> str:
+    """:func:`compile_report` as a table, one line per piece."""
+    lines = [f"{'piece':<24} {'compiler':<10} {'graphed':<8} {'graphs':>6} {'replays':>8} "
+             f"{'rerec':>5}  reason"]
+    for r in compile_report():
+        lines.append(f"{r.name:<24} {r.compiler:<10} {str(r.graphed):<8} {r.graphs:>6} "
+                     f"{r.replays:>8} {r.rerecords:>5}  {r.reason or ''}")
+    return "\n".join(lines)

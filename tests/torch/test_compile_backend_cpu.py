@@ -1,0 +1,118 @@
+"""The "cugraphrt" torch.compile backend without a GPU: options, analysis, report, fallback."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+
+torch = pytest.importorskip("torch")
+
+import cugraphrt_torch  # noqa: E402
+from cugraphrt_torch import _fx_inspect, dynamo  # noqa: E402
+
+import cugraphrt  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_entry_point_names_the_backend():
+    project = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["torch_dynamo_backends"]["cugraphrt"]
+    module, _, name = target.partition(":")
+    assert getattr(importlib.import_module(module), name) is dynamo.backend
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"compiler": "tvm"}, "compiler"), ({"strict": "yes"}, "strict"), ({"warmup": 0}, "warmup"),
+    ({"max_graphs": 0}, "max_graphs"), ({"max_rerecords": -1}, "max_rerecords"),
+    ({"copy_output": True}, "copy_output")])
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(cugraphrt.OptionsError, match=f"'{field}'"):
+        dynamo.backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.randn(2)],
+                       options=options)
+
+
+def test_a_mode_is_refused():
+    with pytest.raises(cugraphrt.OptionsError, match="takes no mode"):
+        dynamo.backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.randn(2)],
+                       mode="max-autotune")
+
+
+def test_defaults():
+    opts = dynamo.CompileOptions()
+    assert (opts.compiler, opts.strict, opts.warmup, opts.copy_outputs) == \
+        ("inductor", False, 1, True)
+    assert opts.max_graphs >= 1 and opts.max_rerecords >= 0
+
+
+def _aot_graphs(fn, *args):
+    """The AOT inference graphs (with fake tensors) aot_eager would compile for fn(*args)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    seen = []
+
+    def keep(gm, inputs):
+        seen.append((gm, list(inputs)))
+        return make_boxed_func(gm.forward)
+
+    compiled = torch.compile(fn, backend=aot_autograd(
+        fw_compiler=keep, inference_compiler=keep, keep_inference_input_mutations=True))
+    compiled(*args)
+    return seen
+
+
+def test_mutated_inputs_include_writes_through_views():
+    def f(a, b, c):
+        a[1:].mul_(2)      # through a view of a
+        out = b * 3        # dynamo orders inputs by first use: a, b, c
+        c.add_(b)
+        return out
+
+    ((gm, _),) = _aot_graphs(f, torch.randn(4), torch.randn(4), torch.randn(4))
+    assert _fx_inspect.mutated_inputs(gm) == {0, 2}
+
+
+def test_uncapturable_reasons():
+    def on_cpu(x):
+        return x.sin()
+
+    ((gm, inputs),) = _aot_graphs(on_cpu, torch.randn(3))
+    names = _fx_inspect.placeholder_names(gm)
+    assert re.match(r"input '.*' is on cpu", _fx_inspect.uncapturable_reason(gm, inputs, names))
+
+
+def test_report_of_a_piece_that_runs_eagerly():
+    buffer = torch.zeros(3)
+
+    def f(x):
+        buffer.add_(x.sum())
+        return x * 2
+
+    compiled = torch.compile(f, backend=dynamo.backend, options={"compiler": "aot_eager"})
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), x * 2)
+    (report,) = cugraphrt_torch.compile_report()
+    assert report.name.endswith("inference") and report.compiler == "aot_eager"
+    assert not report.graphed and report.graphs == 0 and "is on cpu" in report.reason
+    assert report.mutated_inputs and all("buffer" in n for n in report.mutated_inputs)
+    table = cugraphrt_torch.format_compile_report()
+    assert table.splitlines()[0].split()[:3] == ["piece", "compiler", "graphed"]
+    assert "is on cpu" in table.splitlines()[1]
+
+
+def test_strict_raises_for_a_piece_that_cannot_be_captured():
+    compiled = torch.compile(lambda x: x + 1, backend=dynamo.backend,
+                             options={"compiler": "aot_eager", "strict": True})
+    with pytest.raises(cugraphrt.CaptureError, match=r"cannot be captured \(input .* on cpu"):
+        compiled(torch.randn(2))
