@@ -100,9 +100,10 @@ class Bucketed:
                  dynamic_dim: int | Sequence[int | None], pad: Any, memory_budget: int | None,
                  strict: bool, pool: MemPool | None, copy_outputs: bool,
                  capture: Callable[[tuple], CapturedBucket], eager: Callable[..., Any],
-                 name: str) -> None:
+                 name: str, trim: Callable[[], object] | None = None) -> None:
         self._ops = ops
         self._capture_fn = capture
+        self._trim = trim
         self._eager = eager
         self._name = name
         self._strict = bool(strict)
@@ -245,7 +246,7 @@ class Bucketed:
 
     # -- capture, eviction -----------------------------------------------------------------
 
-    def _capture(self, bucket: _Bucket) -> CapturedBucket | None:
+    def _capture(self, bucket: _Bucket, retry: bool = True) -> CapturedBucket | None:
         if bucket.over_budget:
             return None
         pool = self.pool
@@ -261,9 +262,15 @@ class Bucketed:
         bucket.last_used = self._clock
         bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
         if self._budget is not None and not self._fit_budget(keep=bucket):
-            bucket.alone_bytes = self.pool.stats().reserved_bytes
+            # Every other bucket is gone and this one still does not fit. Memory a framework
+            # caches for the pool (torch's) returns only once none of the pool's graphs
+            # lives: release this one too, and capture it again on its own.
+            bucket.alone_bytes = self._reserved_bytes()
             self._evict(bucket)
-            self.pool.empty_cache()
+            if retry:
+                self._reserved_bytes()
+                return self._capture(bucket, retry=False)
+            self._reserved_bytes()
             bucket.over_budget = True
             return None
         return entry
@@ -294,6 +301,8 @@ class Bucketed:
         return True
 
     def _reserved_bytes(self) -> int:
+        if self._trim is not None:
+            self._trim()  # the front end's cache over the pool lets go of what it can
         self.pool.empty_cache()
         return self.pool.stats().reserved_bytes
 

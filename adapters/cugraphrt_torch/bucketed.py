@@ -56,6 +56,13 @@ class _TorchOps:
         return array.clone()
 
 
+def _release_torch_cache() -> None:
+    # Torch hands the segments of a graph pool back (to the cugraphrt pool) only from
+    # empty_cache, once no graph uses its pool; only called under memory-budget pressure.
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 class BucketedModule:
     """A module's inference forward graphed once per shape bucket: call it like the module.
 
@@ -103,7 +110,7 @@ class BucketedModule:
                 ops=_TorchOps(), sample_args=sample_args, buckets=buckets,
                 dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
                 pool=pool, copy_outputs=copy_outputs, capture=capture, eager=eager,
-                name=type(module).__name__)
+                name=type(module).__name__, trim=_release_torch_cache)
         self._eager = eager
         self.buckets = self._core.buckets
         self.pool = self._core.pool

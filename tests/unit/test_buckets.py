@@ -292,7 +292,8 @@ def test_a_bucket_alone_over_the_budget_runs_eagerly_with_the_reason():
         y, _ = bucketed(np.ones((3, 4)), w)
     np.testing.assert_allclose(y, np.tanh(np.ones((3, 4)) @ w))
     bucketed(np.ones((3, 4)), w)
-    assert recorder.captured == [2, 4], "an over-budget bucket is not captured again and again"
+    # captured once more on its own (as torch needs), then never again
+    assert recorder.captured == [2, 4, 4], "an over-budget bucket is captured again and again"
     stats = bucketed.stats()
     assert stats.fallbacks == {"budget": 2}
     assert stats.pool.reserved_bytes <= 5 * mib
