@@ -23,6 +23,7 @@ import os
 import threading
 
 from . import _capture
+from .backing import capture_activity
 from .errors import CaptureError, CugraphrtError
 
 __all__ = ["install", "ensure_capture_handle", "GEMM_FUNCTIONS"]
@@ -137,7 +138,10 @@ def ensure_capture_handle(device_id: int) -> int:
     handle = by_device.get(device_id)
     if handle is None:
         out = _vp(0)
-        _check(_lib().create(ctypes.byref(out)), "cublasCreate")
+        # cublasCreate synchronizes the device: it invalidates every capture underway in any
+        # thread, whatever the capture mode. Wait until none is, and hold new ones back.
+        with capture_activity.exclusive("creating cugraphrt's cuBLAS handle for this thread"):
+            _check(_lib().create(ctypes.byref(out)), "cublasCreate")
         handle = by_device[device_id] = int(out.value)
     return handle
 
@@ -227,7 +231,10 @@ def _watching_create(original):
             )
         global handle_wanted
         handle_wanted = True
-        return original()
+        # Creating a handle invalidates the captures of other threads (see
+        # ensure_capture_handle): an eager thread's first cuBLAS call waits for them to end.
+        with capture_activity.exclusive("CuPy's first cuBLAS call in this thread"):
+            return original()
 
     create.__cugraphrt_original__ = original
     return create
