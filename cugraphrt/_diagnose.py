@@ -115,35 +115,36 @@ def invalidated_error(capture, where: str, got: str) -> CaptureError:
     The capturing thread sees ``cudaErrorStreamCaptureInvalidated`` at its next call after
     the capture broke, so the cause is found from the circumstances, most likely first.
     """
-    causes = []
     others = threading.active_count() - 1
     mode = getattr(capture, "mode", None)
-    if others > 0:
-        if mode == "global":
-            causes.append(
-                f"this capture runs in 'global' mode, in which CUDA forbids unsafe calls "
-                f"(cudaMalloc, cudaFree, stream and event queries or synchronizations, graph "
-                f"instantiation) in every thread, and one of the {others} other running "
-                f"threads made one: capture with capture_error_mode='thread_local' so that "
-                f"other threads may keep allocating and computing eagerly")
-        causes.append(
-            "another thread synchronized the whole device (cudaDeviceSynchronize, "
-            "torch.cuda.synchronize(), cupy.cuda.Device().synchronize(), or a library's first "
-            "handle creation such as a thread's first torch matmul), which invalidates every "
-            "capture underway in any mode: keep those out of other threads while capturing, "
-            "or warm them up before")
-        if _is_blocking(capture):
-            causes.append(
-                "the capture stream is a blocking stream, so any use of the legacy default "
-                "stream by another thread invalidates it: capture on "
-                "cupy.cuda.Stream(non_blocking=True) (cugraphrt.graph()'s default)")
+    threads = []  # causes in other threads (which may have ended since)
+    if mode == "global":
+        threads.append(
+            "this capture runs in 'global' mode, in which CUDA forbids unsafe calls "
+            "(cudaMalloc, cudaFree, stream and event queries or synchronizations, graph "
+            "instantiation) in every thread, and another thread made one: capture with "
+            "capture_error_mode='thread_local' so that other threads may keep allocating and "
+            "computing eagerly")
+    threads.append(
+        "another thread synchronized the whole device (cudaDeviceSynchronize, "
+        "torch.cuda.synchronize(), cupy.cuda.Device().synchronize(), or a library's first "
+        "handle creation such as a thread's first torch matmul), which invalidates every "
+        "capture underway in any mode: keep those out of other threads while capturing, or "
+        "warm them up before")
+    if _is_blocking(capture):
+        threads.append(
+            "the capture stream is a blocking stream, so any use of the legacy default "
+            "stream by another thread invalidates it: capture on "
+            "cupy.cuda.Stream(non_blocking=True) (cugraphrt.graph()'s default)")
+    own = []
     compiled = list(getattr(capture, "notes", None) or ())
     if compiled:
-        causes.append(f"kernels were compiled and loaded during this capture "
-                      f"({', '.join(compiled[:3])}); {_WARM_UP}")
-    causes.append(
-        "an earlier operation of this capture failed and its error was caught and ignored: "
-        + _cuda.SYNC_HINT)
+        own.append(f"kernels were compiled and loaded during this capture "
+                   f"({', '.join(compiled[:3])}); {_WARM_UP}")
+    own.append("an earlier operation of this capture failed and its error was caught and "
+               "ignored: " + _cuda.SYNC_HINT)
+    # With other threads running, they are the likelier culprits; alone, this thread is.
+    causes = threads + own if others > 0 else own + threads
     concurrent = max(capture_activity.active - 1, 0)
     context = f"{others} other thread(s) running, {concurrent} other capture(s) underway"
     if mode is not None:
@@ -154,10 +155,16 @@ def invalidated_error(capture, where: str, got: str) -> CaptureError:
 
 
 def user_frame(exc: BaseException, skip_dirs: tuple[str, ...] = ()):
-    """The innermost traceback frame of ``exc`` in the caller's code, or None."""
+    """The innermost traceback frame of ``exc`` in the caller's code, or None.
+
+    Frames of compiled extensions (CuPy's Cython, with relative ``.pyx`` names and no
+    source) and frames of the skipped packages are the machinery, not the caller's line.
+    """
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     skip = _PACKAGE_DIRS + tuple(skip_dirs)
     for frame in reversed(frames):
+        if frame.filename.endswith((".pyx", ".pxd", ".pxi")) or not (frame.line or "").strip():
+            continue
         if not os.path.abspath(frame.filename).startswith(skip):
             return frame
     return None
@@ -166,7 +173,7 @@ def user_frame(exc: BaseException, skip_dirs: tuple[str, ...] = ()):
 def where_in_user_code(exc: BaseException, skip_dirs: tuple[str, ...] = ()) -> str | None:
     """``"`line` (file.py:12)"`` for the caller's line that raised ``exc``, or None."""
     frame = user_frame(exc, skip_dirs)
-    if frame is None or not (frame.line or "").strip():
+    if frame is None:
         return None
     return f"`{frame.line.strip()}` ({os.path.basename(frame.filename)}:{frame.lineno})"
 
@@ -174,7 +181,8 @@ def where_in_user_code(exc: BaseException, skip_dirs: tuple[str, ...] = ()) -> s
 def is_module_load(exc: BaseException) -> bool:
     """Whether ``exc`` was raised while CuPy compiled or loaded a kernel module."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    return any(_CUPY_DIR in os.path.abspath(frame.filename)
+    return any((_CUPY_DIR in os.path.abspath(frame.filename)
+                or frame.filename.startswith(("cupy/", "cupy_backends/")))
                and ("compile" in frame.name.lower() or "moduleload" in frame.name.lower()
                     or frame.name.endswith(("load", "load_data", "get_function")))
                for frame in frames)

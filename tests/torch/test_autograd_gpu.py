@@ -257,10 +257,13 @@ def test_wrong_arguments_raise_replay_error_naming_them():
                                   torch.randn(4, 8, device="cuda")))
     x = torch.randn(4, 8, device="cuda")
     for bad, got in [(torch.randn(5, 8, device="cuda"), r"\(5, 8\)"),
-                     (x.double(), "torch.float64"), (x.cpu(), "on cpu")]:
+                     (x.to(torch.int32), "torch.int32"), (x.cpu(), "on cpu")]:
         with pytest.raises(ReplayError, match=f"argument args\\[0\\] of graphed callable "
                                               f"Linear .*got .*{got}"):
             lin(bad)
+    # Another floating dtype is converted on copy-in, as torch's make_graphed_callables does.
+    converted = lin(x.double()).detach().clone()  # outputs are static: copy before the next call
+    assert torch.equal(converted, lin(x))
     with pytest.raises(ReplayError, match=r"captured with 2 positional arguments \(got 1\)"):
         mse(x)
     with pytest.raises(ReplayError, match=r"argument args\[1\] of graphed callable mse_loss"):

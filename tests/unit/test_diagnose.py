@@ -72,14 +72,29 @@ def test_invalidated_thread_local_capture_blames_device_wide_syncs_only(other_th
     error = _diagnose.capture_error_from(raised(lambda: fail(901)), FakeCapture("thread_local"))
     text = str(error)
     assert "forbids unsafe calls" not in text  # thread_local: others' unsafe calls are fine
+    assert text.split("Likely causes: ")[1].startswith("another thread synchronized")
     assert "torch.cuda.synchronize()" in text and "cudaDeviceSynchronize" in text
 
 
 def test_invalidated_capture_in_a_lone_thread_blames_an_ignored_error(monkeypatch):
     monkeypatch.setattr(threading, "active_count", lambda: 1)
     text = str(_diagnose.capture_error_from(raised(lambda: fail(901)), FakeCapture()))
-    assert "other thread" not in text.split("Likely causes:")[1]
-    assert "an earlier operation of this capture failed and its error was caught" in text
+    causes = text.split("Likely causes: ")[1]
+    # Alone, this thread's own ignored error comes first; other threads (ended since) next.
+    assert causes.startswith("an earlier operation of this capture failed and its error was "
+                             "caught")
+    assert "'global' mode" in causes and "0 other thread(s) running" in text
+
+
+def test_cython_frames_without_source_are_not_the_callers_line():
+    # CuPy's Cython frames carry relative .pyx names (outside site-packages once made
+    # absolute) and no source line: the caller's line is the next frame out.
+    namespace = {"runtime": runtime}
+    source = "def launch(status):\n    raise runtime.CUDARuntimeError(status)\n"
+    exec(compile(source, "cupy/_core/_kernel.pyx", "exec"), namespace)
+    launch = namespace["launch"]
+    exc = raised(lambda: launch(901))
+    assert _diagnose.where_in_user_code(exc).startswith("`exc = raised(lambda: launch(901))`")
 
 
 def test_kernels_compiled_during_the_capture_are_named(monkeypatch):
