@@ -175,7 +175,7 @@ def _note_compilations() -> None:
         return original(source, *args, **kwargs)
 
     compile_module.__cugraphrt_original__ = original  # type: ignore[attr-defined]
-    compiler._compile_module_with_cache = compile_module
+    compiler._compile_module_with_cache = compile_module  # type: ignore[attr-defined]
 
 
 _KERNEL_NAME = re.compile(r"__global__\s+void\s+(\w+)")

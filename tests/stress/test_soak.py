@@ -16,15 +16,22 @@ from ._measure import MiB, device_used_bytes, growth_limit, host_rss_bytes
 pytestmark = pytest.mark.gpu
 
 
-def soak(cycle, cycles: int, warm_up: int = 50) -> tuple[int, int]:
-    """Run ``cycle`` ``cycles`` times after a warm-up; device and host growth in bytes."""
+def soak(cycle, cycles: int, warm_up: int = 50, settle=None) -> tuple[int, int]:
+    """Run ``cycle`` ``cycles`` times after a warm-up; device and host growth in bytes.
+
+    ``settle()``, if given, runs before each measurement (torch: empty its cache).
+    """
     for _ in range(warm_up):  # kernels, streams, CuPy's cache, Python's arenas settle
         cycle()
     gc.collect()
+    if settle is not None:
+        settle()
     device_before, host_before = device_used_bytes(), host_rss_bytes()
     for _ in range(cycles):
         cycle()
     gc.collect()
+    if settle is not None:
+        settle()
     return device_used_bytes() - device_before, host_rss_bytes() - host_before
 
 
@@ -128,8 +135,7 @@ def test_torch_capture_replay_reset_cycles(level, figures):
             # empty_cache (see the expected failure below and docs/reliability.md).
             torch.cuda.empty_cache()
 
-    device, host = soak(cycle, cycles, warm_up=20)
-    torch.cuda.synchronize()
+    device, host = soak(cycle, cycles, warm_up=20, settle=torch.cuda.empty_cache)
     check(figures, "torch (empty_cache every 50 cycles)", cycles, device, host)
 
 
