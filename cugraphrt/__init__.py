@@ -6,6 +6,7 @@ The public namespace is assembled here from the modules that own each concept; s
 
 from __future__ import annotations
 
+from . import _require  # noqa: F401 - first: a clear error without CuPy
 from . import errors as _errors
 from . import graphed as _graphed
 from . import graphs as _graphs

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import cupy
 from cupy.cuda import memory as cupy_memory
 
-from . import _cuda
+from . import _cuda, _diagnose
 from .backing import capture_activity
 from .errors import CaptureError, CugraphrtError, PoolOutOfMemoryError
 from .pool import MemPool
@@ -30,7 +30,7 @@ class Capture:
 
     __slots__ = ("stream", "stream_ptr", "capture_id", "pool", "mode", "token", "streams",
                  "finish_hooks", "abort_hooks", "keepalive", "aborted_by", "device_id",
-                 "__weakref__")
+                 "notes", "__weakref__")
 
     def __init__(self, stream, capture_id: int, pool: MemPool, mode: str, device_id: int,
                  token: object) -> None:
@@ -50,6 +50,9 @@ class Capture:
         self.keepalive: list[object] = []
         self.aborted_by: BaseException | None = None
         self.device_id = device_id
+        # What happened during the capture that may explain a failure later (kernels
+        # compiled and loaded during it), for the error message.
+        self.notes: list[str] = []
 
 
 class _ThreadCaptures(threading.local):
@@ -145,9 +148,9 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
     ptr = stream.ptr
     if ptr in (0, 1):
         raise CaptureError(
-            "cannot capture on the legacy default stream (got stream 0x%x); make a "
-            "non-default stream current first (with cupy.cuda.Stream(non_blocking=True): "
-            "...), or use cugraphrt.graph(), which does it for you" % ptr
+            f"cannot capture on the legacy default stream (got stream 0x{ptr:x}); make a "
+            f"non-default stream current first (with cupy.cuda.Stream(non_blocking=True): "
+            f"...), or use cugraphrt.graph(), which does it for you"
         )
     status, _ = _cuda.capture_info(ptr)
     if status != _cuda.STATUS_NONE:
@@ -172,10 +175,16 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
         else:
             start(stream, mode)
         status, capture_id = _cuda.capture_info(ptr)
+        if status == _cuda.STATUS_INVALIDATED:
+            # Broken between its begin and now: by another thread (see _diagnose).
+            raise _diagnose.invalidated_error(
+                _Begun(stream, mode), "its first operation",
+                f"capture status {status} right after cudaStreamBeginCapture")
         if status != _cuda.STATUS_ACTIVE:
             raise CaptureError(f"the capture did not begin on stream 0x{ptr:x} (got capture "
                                f"status {status}); begin it on CuPy's current stream")
     except BaseException as exc:
+        _cuda.abandon_capture(ptr)  # whatever began (a capture, an invalidated one) ends here
         capture_activity.exit()
         pool._end_capture(token, succeeded=False)
         if isinstance(exc, _cuda.CUDARuntimeError):
@@ -184,6 +193,17 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
     capture = Capture(stream, capture_id, pool, mode, device_id, token)
     _register(capture)
     return capture
+
+
+class _Begun:
+    """What the diagnosis reads of a capture that broke before it was registered."""
+
+    __slots__ = ("stream", "mode", "notes")
+
+    def __init__(self, stream, mode: str) -> None:
+        self.stream = stream
+        self.mode = mode
+        self.notes: list[str] = []
 
 
 def _register(capture: Capture) -> None:
@@ -245,6 +265,9 @@ def end(capture: Capture, finish: Callable[[Capture], int] | None = None) -> tup
     except CugraphrtError as exc:
         _clear_host_funcargs(capture)
         _finish(capture, succeeded=False, error=exc)
+        refined = _cuda.capture_error_from(exc, capture)
+        if refined is not None and refined is not exc:
+            raise refined from exc
         raise
     capture.keepalive.append(_clear_host_funcargs(capture))
     # Count the graph in its pool before the pool leaves capture mode, so that no array

@@ -25,8 +25,10 @@ import ctypes
 import functools
 import os
 import threading
+import weakref
 
 from . import _capture
+from .backing import capture_activity
 from .errors import CaptureError, CugraphrtError
 
 __all__ = ["install", "ensure_capture_handle", "GEMM_FUNCTIONS"]
@@ -124,6 +126,26 @@ handle_wanted = False
 _library: _Library | None = None
 _library_lock = threading.Lock()
 _handles = threading.local()
+# Handles of threads that have ended, per device, for the next thread that captures: a
+# thread pool that keeps starting threads must not create (and leak) a handle per thread.
+_idle: dict[int, list[int]] = {}
+_idle_lock = threading.RLock()  # its own: _give_back may run from a garbage collection
+#: How many capture handles the process created (each holds a cuBLAS workspace).
+created_handles = 0
+
+
+class _ThreadHandles:
+    """This thread's capture handles; they go back to ``_idle`` when the thread ends."""
+
+    def __init__(self) -> None:
+        self.by_device: dict[int, int] = {}
+        weakref.finalize(self, _give_back, self.by_device)
+
+
+def _give_back(by_device: dict[int, int]) -> None:
+    with _idle_lock:
+        for device_id, handle in by_device.items():
+            _idle.setdefault(device_id, []).append(handle)
 
 
 def _lib() -> _Library:
@@ -135,16 +157,32 @@ def _lib() -> _Library:
     return _library
 
 
+def _thread_handles() -> dict[int, int]:
+    holder = getattr(_handles, "holder", None)
+    if holder is None:
+        holder = _handles.holder = _ThreadHandles()
+    return holder.by_device
+
+
 def ensure_capture_handle(device_id: int) -> int:
-    """This thread's capture handle for ``device_id``, created outside any capture."""
-    by_device = getattr(_handles, "by_device", None)
-    if by_device is None:
-        by_device = _handles.by_device = {}
+    """This thread's capture handle for ``device_id``, made ready outside any capture."""
+    global created_handles
+    by_device = _thread_handles()
     handle = by_device.get(device_id)
-    if handle is None:
-        out = _vp(0)
+    if handle is not None:
+        return handle
+    with _idle_lock:
+        idle = _idle.get(device_id)
+        if idle:
+            handle = by_device[device_id] = idle.pop()
+            return handle
+    out = _vp(0)
+    # cublasCreate synchronizes the device: it invalidates every capture underway in any
+    # thread, whatever the capture mode. Wait until none is, and hold new ones back.
+    with capture_activity.exclusive("creating cugraphrt's cuBLAS handle for this thread"):
         _check(_lib().create(ctypes.byref(out)), "cublasCreate")
-        handle = by_device[device_id] = int(out.value or 0)
+    created_handles += 1
+    handle = by_device[device_id] = int(out.value or 0)
     return handle
 
 
@@ -156,8 +194,7 @@ def _check(status: int, call: str) -> None:
 def _prepare(capture, cupy_handle: int) -> int:
     """Point the capture handle at the capture stream and pool workspace; mirror modes."""
     lib = _lib()
-    by_device = getattr(_handles, "by_device", {})
-    handle = by_device.get(capture.device_id)
+    handle = _thread_handles().get(capture.device_id)
     if handle is None:
         raise CaptureError(
             "cuBLAS was first used inside a capture (got no cuBLAS handle from before the "
@@ -241,7 +278,10 @@ def _watching_create(original):
             )
         global handle_wanted
         handle_wanted = True
-        return original()
+        # Creating a handle invalidates the captures of other threads (see
+        # ensure_capture_handle): an eager thread's first cuBLAS call waits for them to end.
+        with capture_activity.exclusive("CuPy's first cuBLAS call in this thread"):
+            return original()
 
     create.__cugraphrt_original__ = original
     return create

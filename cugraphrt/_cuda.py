@@ -41,17 +41,18 @@ CAPTURE_MODES = {"global": 0, "thread_local": 1, "relaxed": 2}
 _MODE_RELAXED = 2
 
 _INSTANTIATE_AUTO_FREE_ON_LAUNCH = 1
+_INVALID_CONTEXT = 201  # CUDA_ERROR_INVALID_CONTEXT
 _DEBUG_DOT_VERBOSE = 1
 
-_SYNC_HINT = (
+SYNC_HINT = (
     "a synchronizing call (.get(), cupy.asnumpy, int()/float() of an array, "
     "Stream.synchronize, a host-to-device copy from pageable memory, cudaMalloc/cudaFree) ran "
     "during capture; warm up first and keep host syncs outside the captured region"
 )
 
 _CAUSES = {
-    CAPTURE_UNSUPPORTED: _SYNC_HINT,
-    CAPTURE_INVALIDATED: "an earlier operation invalidated the capture: " + _SYNC_HINT,
+    CAPTURE_UNSUPPORTED: SYNC_HINT,
+    CAPTURE_INVALIDATED: "an earlier operation invalidated the capture: " + SYNC_HINT,
     CAPTURE_MERGE: "two independent captures were merged through an event; record events "
     "only on streams of the same capture",
     CAPTURE_UNMATCHED: "the capture was not begun on this stream; end the capture on the "
@@ -68,6 +69,10 @@ _CAUSES = {
     CAPTURE_WRONG_THREAD: "the capture was ended from a different thread than the one that "
     "began it (thread_local or relaxed mode); end it on the thread that began it",
 }
+
+
+#: The stream-capture statuses (900-908).
+CAPTURE_STATUSES = frozenset(_CAUSES)
 
 
 def error_from_status(status: int, call: str) -> CugraphrtError:
@@ -88,9 +93,18 @@ def error_from_status(status: int, call: str) -> CugraphrtError:
     """
     name = status_name(status)
     cause = _CAUSES.get(status)
+    error: CugraphrtError
     if cause is not None:
-        return CaptureError(f"{call} failed during stream capture (got {name}): {cause}")
-    return CugraphrtError(f"{call} failed (got {name})")
+        error = CaptureError(f"{call} failed during stream capture (got {name}): {cause}")
+    elif status == OUT_OF_MEMORY:
+        error = CugraphrtError(
+            f"{call} failed: the device is out of memory (got {name}); free memory held "
+            f"elsewhere (cupy.get_default_memory_pool().free_all_blocks(), "
+            f"cugraphrt.empty_cache(), torch.cuda.empty_cache()) and retry")
+    else:
+        error = CugraphrtError(f"{call} failed (got {name})")
+    error.status = status  # type: ignore[attr-defined]  # read by cugraphrt._diagnose
+    return error
 
 
 def check(status: int, call: str) -> None:
@@ -108,56 +122,15 @@ def status_name(status: int) -> str:
     return f"{name} ({status})"
 
 
-# Errors that CuPy raises itself, before calling CUDA, when a capture is underway.
-_CUPY_CAPTURE_MESSAGES = ("stream is capturing", "during stream capture", "capture sequence")
+def capture_error_from(exc: BaseException, capture=None) -> CaptureError | None:
+    """If ``exc`` was caused by the capture underway, the CaptureError that says so; else None.
 
-
-def capture_error_from(exc: BaseException) -> CaptureError | None:
-    """If ``exc`` was caused by an operation that capture forbids, return the CaptureError.
-
-    Covers CUDA capture statuses surfaced by CuPy (``CUDARuntimeError`` with ``status``
-    900-908) and CuPy's own refusals ("the current stream is capturing, so ...", "calling
-    cuBLAS API during stream capture is currently unsupported"). Returns None for any other
-    exception, which callers re-raise unchanged.
+    See :func:`cugraphrt._diagnose.capture_error_from`, which reads the exception's context
+    (traceback, the capture's mode and stream, other threads) to name the cause.
     """
-    if isinstance(exc, CaptureError):
-        return exc
-    status = getattr(exc, "status", None)
-    if isinstance(status, int) and status in _CAUSES:
-        return error_from_status(status, _cupy_call_name(exc))
-    if isinstance(exc, (RuntimeError, NotImplementedError)):
-        text = str(exc)
-        if any(m in text for m in _CUPY_CAPTURE_MESSAGES):
-            library = _library_in(text)
-            if library is not None:
-                return CaptureError(
-                    f"CuPy cannot call {library} during capture (got: {text}). "
-                    f"{_LIBRARY_ADVICE.get(library, 'Run it outside the captured region.')}"
-                )
-            return CaptureError(f"an operation ran that capture forbids (got: {text}): {_SYNC_HINT}")
-    return None
+    from ._diagnose import capture_error_from as diagnose
 
-
-_LIBRARY_ADVICE = {
-    "cuBLAS": "cugraphrt captures the GEMM family (matmul, dot, tensordot, einsum) itself; "
-    "other cuBLAS routines must run outside the captured region.",
-    "cuRAND": "Use cugraphrt.random (rand, randn, uniform, normal, randint, bernoulli), which "
-    "draws fresh numbers on every replay.",
-    "cuSOLVER": "Run the solver outside the captured region and capture only the work around it.",
-    "cuSPARSE": "Run the sparse operation outside the captured region.",
-}
-
-
-def _library_in(text: str) -> str | None:
-    for library in _LIBRARY_ADVICE:
-        if library.lower() in text.lower():
-            return library
-    return None
-
-
-def _cupy_call_name(exc: BaseException) -> str:
-    text = str(exc).split(":")[0].strip()
-    return text or type(exc).__name__
+    return diagnose(exc, capture)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,13 +232,23 @@ def relaxed_capture_mode() -> Iterator[None]:
 
 
 def instantiate(graph_handle: int) -> int:
-    """Instantiate a graph, with auto-free-on-launch where the driver supports it."""
+    """Instantiate a graph, with auto-free-on-launch where the driver supports it.
+
+    Runs in relaxed capture mode: instantiation is an unsafe call, which CUDA refuses (and
+    which invalidates the capture) while another thread's global-mode capture is underway;
+    it does not touch that capture's stream, so relaxing the check is safe.
+    """
     exec_handle = ctypes.c_void_p(0)
     flags = _INSTANTIATE_AUTO_FREE_ON_LAUNCH if driver_version() >= 11040 else 0
-    check(
-        driver().instantiate(ctypes.byref(exec_handle), graph_handle, flags),
-        "cuGraphInstantiateWithFlags",
-    )
+    call = driver().instantiate
+    with relaxed_capture_mode():
+        status = call(ctypes.byref(exec_handle), graph_handle, flags)
+        if status == _INVALID_CONTEXT:
+            # A thread that never made a runtime call has no current context for the driver
+            # API: binding the runtime's device makes its primary context current.
+            runtime.setDevice(runtime.getDevice())
+            status = call(ctypes.byref(exec_handle), graph_handle, flags)
+    check(status, "cuGraphInstantiateWithFlags")
     return int(exec_handle.value or 0)
 
 
@@ -331,17 +314,23 @@ def abandon_capture(stream_ptr: int) -> None:
 
 
 def destroy_graph(graph_handle: int) -> None:
-    """``cudaGraphDestroy``; never raises (used by finalizers)."""
+    """``cudaGraphDestroy``; never raises (used by finalizers).
+
+    Like every clean-up call here, in relaxed capture mode: a garbage collection may run it
+    while another thread's global-mode capture is underway.
+    """
     try:
-        runtime.graphDestroy(graph_handle)
+        with relaxed_capture_mode():
+            runtime.graphDestroy(graph_handle)
     except Exception:  # noqa: BLE001 - finalizers must not raise; the process stays usable
         pass
 
 
 def destroy_exec(exec_handle: int) -> None:
-    """``cudaGraphExecDestroy``; never raises (used by finalizers)."""
+    """``cudaGraphExecDestroy``, in relaxed capture mode; never raises (used by finalizers)."""
     try:
-        runtime.graphExecDestroy(exec_handle)
+        with relaxed_capture_mode():
+            runtime.graphExecDestroy(exec_handle)
     except Exception:  # noqa: BLE001
         pass
 

@@ -6,7 +6,10 @@ Run by every capture before it begins (``prepare_capture``):
   cuBLAS routine raises :class:`CaptureError` naming it.
 * cuRAND (``cupy.random``'s legacy API): raises :class:`CaptureError` naming the
   :mod:`cugraphrt.random` replacement. Its numbers would repeat on every replay anyway.
-* cuSOLVER, cuSPARSE: raise :class:`CaptureError` naming the call.
+* cuSOLVER, cuSPARSE: raise :class:`CaptureError` naming the call. ``cupy.linalg``'s
+  solvers (``svd``, ``eig``, ``qr``, ``lstsq``, ``inv``, ...) are refused by their public
+  name: several reach cuSOLVER from compiled code that no module attribute can intercept,
+  and would otherwise fail inside cuSOLVER with a bare ``CUSOLVER_STATUS_INTERNAL_ERROR``.
 * cuFFT: cached plans capture fine; creating a plan inside a capture raises
   :class:`CaptureError`, because the plan's work area would come from the graph's pool and
   then be used by eager FFTs.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import re
 import sys
 import threading
 
@@ -41,6 +45,16 @@ _GUARDED_MODULES = {
         "cuSPARSE", "CUDA graphs cannot record cuSPARSE through CuPy; run the sparse "
                     "operation outside the captured region"),
 }
+# cupy.linalg functions that run a cuSOLVER (or cuBLAS LU) factorization, with the library.
+_LINALG = {name: "cuSOLVER" for name in (
+    "cholesky", "cond", "eig", "eigh", "eigvals", "eigvalsh", "inv", "lstsq", "matrix_rank",
+    "pinv", "qr", "solve", "svd", "tensorinv", "tensorsolve")}
+_LINALG.update(det="cuBLAS", slogdet="cuBLAS")  # LU factorization by cuBLAS's getrfBatched
+_LINALG_ADVICE = ("CUDA graphs cannot record it through CuPy (its workspace queries and info "
+                  "checks run on the host); run it outside the captured region and capture "
+                  "the work around it")
+# Steps of _install_pending besides the library modules.
+_STEPS = ("random", "cufft", "linalg", "compile")
 # Functions that only read or set host-side handle state: harmless during capture.
 _UNGUARDED = {"create", "destroy", "getVersion", "getProperty", "setPointerMode",
               "getPointerMode", "setMathMode", "getMathMode", "getStream", "check_status",
@@ -52,7 +66,7 @@ _done: set[str] = set()
 
 def prepare_capture() -> None:
     """Install the library hooks that apply now; called before every capture begins."""
-    if len(_done) < len(_GUARDED_MODULES) + 2:
+    if len(_done) < len(_GUARDED_MODULES) + len(_STEPS):
         with _lock:
             _install_pending()
     if _cublas.handle_wanted:
@@ -80,6 +94,12 @@ def _install_pending() -> None:
                 if not isinstance(original, _PlanGuardMeta):
                     setattr(cufft, name, _PlanGuardMeta.wrapping(original))
         _done.add("cufft")
+    if "linalg" not in _done:
+        _guard_linalg()
+        _done.add("linalg")
+    if "compile" not in _done:
+        _note_compilations()
+        _done.add("compile")
     for module_name, (library, advice) in _GUARDED_MODULES.items():
         if module_name in _done:
             continue
@@ -121,6 +141,44 @@ def _refusing(fn, qualname: str, library: str, advice: str):
 
     guarded.__cugraphrt_original__ = fn
     return guarded
+
+
+def _guard_linalg() -> None:
+    linalg = importlib.import_module("cupy.linalg")
+    for name, library in _LINALG.items():
+        fn = getattr(linalg, name, None)
+        if fn is None or hasattr(fn, "__cugraphrt_original__"):
+            continue
+        setattr(linalg, name, _refusing(fn, f"cupy.linalg.{name}", library, _LINALG_ADVICE))
+
+
+def _note_compilations() -> None:
+    """Record on the capture underway every kernel module CuPy compiles and loads in it.
+
+    Loading a module during a capture is legal on current drivers, but it is the usual
+    suspect when a capture is invalidated, so the error message names these kernels.
+    """
+    try:
+        compiler = importlib.import_module("cupy.cuda.compiler")
+    except ImportError:  # pragma: no cover - part of every CuPy
+        return
+    original = getattr(compiler, "_compile_module_with_cache", None)
+    if original is None or hasattr(original, "__cugraphrt_original__"):
+        return
+
+    @functools.wraps(original)
+    def compile_module(source, *args, **kwargs):
+        capture = _capture.current_capture()
+        if capture is not None:
+            names = _KERNEL_NAME.findall(source) or ["<unnamed kernel>"]
+            capture.notes.extend(names[:2])
+        return original(source, *args, **kwargs)
+
+    compile_module.__cugraphrt_original__ = original  # type: ignore[attr-defined]
+    compiler._compile_module_with_cache = compile_module  # type: ignore[attr-defined]
+
+
+_KERNEL_NAME = re.compile(r"__global__\s+void\s+(\w+)")
 
 
 def _guard_cupy_random() -> None:

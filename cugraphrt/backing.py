@@ -16,9 +16,10 @@ tests) with ``cugraphrt.MemPool(backing=...)``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 from .errors import OptionsError
@@ -70,31 +71,59 @@ def check_backing(backing: object) -> None:
 
 
 class _CaptureActivity:
-    """Counts captures underway in the process and holds unsafe clean-up back meanwhile.
+    """Counts captures underway in the process; holds unsafe work back meanwhile.
 
-    ``cudaFree`` synchronizes the device and destroying a graph executable is an unsafe call,
-    both forbidden while a global-mode capture is underway in any thread; a garbage
-    collection in the middle of a capture may trigger either. Such clean-up is queued and
-    runs when the last capture ends.
+    Two kinds of work must not overlap a capture in *any* thread:
+
+    * clean-up that calls ``cudaFree`` or destroys graphs: forbidden in other threads while a
+      global-mode capture runs. A garbage collection in the middle of a capture may trigger
+      it; it is queued (:meth:`defer_or_run`) and runs when the last capture ends.
+    * calls that invalidate every capture underway, whatever its mode (``cublasCreate``
+      synchronizes the device: measured on an H100 with CUDA 13). They run inside
+      :meth:`exclusive`, which waits until no capture is underway and holds new captures
+      back until the call is done.
+
+    A thread that has a capture of its own underway never waits in :meth:`enter` (it would
+    wait for itself); :meth:`exclusive` refuses it instead.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._cond = threading.Condition(threading.Lock())
         self._active = 0
+        self._exclusive_waiting = 0
+        self._exclusive_running = False
         self._deferred: list[Callable[[], None]] = []
+        self._mine = threading.local()
 
     @property
     def active(self) -> int:
+        """Captures underway in the process."""
         return self._active
 
+    def active_in_this_thread(self) -> int:
+        """Captures underway in the calling thread."""
+        return getattr(self._mine, "count", 0)
+
     def enter(self) -> None:
-        with self._lock:
+        """A capture begins in this thread (may wait for :meth:`exclusive` work to finish)."""
+        mine = self.active_in_this_thread()
+        with self._cond:
+            if not mine:
+                # Writers first: a steady stream of overlapping captures must not starve them.
+                while self._exclusive_running or self._exclusive_waiting:
+                    self._cond.wait()
             self._active += 1
+        self._mine.count = mine + 1
 
     def exit(self) -> None:
-        with self._lock:
+        """A capture of this thread ended; runs the deferred clean-up after the last one."""
+        self._mine.count = max(self.active_in_this_thread() - 1, 0)
+        with self._cond:
             self._active -= 1
-            if self._active > 0 or not self._deferred:
+            if self._active > 0:
+                return
+            self._cond.notify_all()
+            if not self._deferred:
                 return
             deferred, self._deferred = self._deferred, []
         for action in deferred:
@@ -105,11 +134,43 @@ class _CaptureActivity:
 
     def defer_or_run(self, action: Callable[[], None]) -> None:
         """Run ``action`` now, or when the last capture ends if one is underway."""
-        with self._lock:
+        with self._cond:
             if self._active > 0:
                 self._deferred.append(action)
                 return
         action()
+
+    @contextlib.contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """Run a block while no capture is underway in any thread.
+
+        Raises
+        ------
+        CaptureError
+            When the calling thread has a capture of its own underway.
+        """
+        if self.active_in_this_thread():
+            from .errors import CaptureError
+
+            raise CaptureError(
+                f"{what} would invalidate the capture underway in this thread (got "
+                f"{self.active_in_this_thread()} capture(s) underway here); warm up first: run "
+                f"the operation once before capturing"
+            )
+        with self._cond:
+            self._exclusive_waiting += 1
+            try:
+                while self._active or self._exclusive_running:
+                    self._cond.wait()
+            finally:
+                self._exclusive_waiting -= 1
+            self._exclusive_running = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._exclusive_running = False
+                self._cond.notify_all()
 
 
 capture_activity = _CaptureActivity()

@@ -104,6 +104,7 @@ class Graph:
         self._pool: MemPool | None = None
         self._captured = False
         self._exec: int | None = None  # mirrors _handles.exec; None makes replay fail fast
+        self._orphan_guard: weakref.finalize | None = None
 
     # -- capture ---------------------------------------------------------------------------
 
@@ -143,10 +144,17 @@ class Graph:
                 "call reset() first, or create a new Graph"
             )
         chosen = _resolve_pool(pool)
-        self._capture = _capture.begin(chosen, mode, prepare=_libs.prepare_capture,
-                                       start=start)
+        capture = _capture.begin(chosen, mode, prepare=_libs.prepare_capture, start=start)
+        self._capture = capture
         self._pool = chosen
-        return self._capture
+        # A Graph dropped in the middle of its capture (capture_begin() without a matching
+        # capture_end()) must not leave the stream capturing and the pool reserved forever.
+        orphan_guard = weakref.finalize(self, _capture.abort, capture, CaptureError(
+            "the Graph was garbage-collected during its capture (got no capture_end()); the "
+            "capture was rolled back: keep a reference to the Graph until capture_end()"))
+        orphan_guard.atexit = False
+        self._orphan_guard = orphan_guard
+        return capture
 
     def capture_end(self) -> None:
         """End the capture and instantiate the graph (unless ``keep_graph=True``).
@@ -179,8 +187,10 @@ class Graph:
             if capture.aborted_by is not None:
                 self._capture = None
                 self._pool = None
+                self._drop_orphan_guard()
             raise
         self._capture = None
+        self._drop_orphan_guard()
         handles = self._handles
         handles.pool, handles.seq, handles.keepalive = capture.pool, seq, capture.keepalive
         handles.graph = handle
@@ -215,9 +225,15 @@ class Graph:
         if replay is not None:
             self.replay = replay
 
+    def _drop_orphan_guard(self) -> None:
+        guard, self._orphan_guard = self._orphan_guard, None
+        if guard is not None:
+            guard.detach()
+
     def _abort_capture(self, error: BaseException | None = None) -> None:
         capture, self._capture = self._capture, None
         if capture is not None:
+            self._drop_orphan_guard()
             _capture.abort(capture, error)
         self._pool = None
 
@@ -425,8 +441,10 @@ def default_capture_stream() -> cupy.cuda.Stream:
 class graph:
     """Context manager that captures the work of its block into a :class:`Graph`.
 
-    On entry it synchronizes the device, makes a side stream CuPy's current stream (a
-    per-thread default capture stream unless ``stream`` is given) and begins capture. On a
+    On entry it makes a side stream CuPy's current stream (a per-thread default capture
+    stream unless ``stream`` is given) and begins capture; it does not synchronize (see
+    docs/reliability.md: a device-wide synchronization would break other threads' captures,
+    and nothing runs during a capture anyway). On a
     normal exit it ends the capture. If the block raises, it ends the capture, discards the
     graph, releases what the capture allocated, restores the stream and re-raises: an error
     caused by an operation capture forbids comes out as :class:`CaptureError` chained from
@@ -457,7 +475,9 @@ class graph:
         self.capture_stream = stream if stream is not None else default_capture_stream()
 
     def __enter__(self) -> graph:
-        cupy.cuda.runtime.deviceSynchronize()
+        # No device synchronization here: nothing runs during a capture, and replays are
+        # ordered by the stream they are launched on. A device-wide sync would invalidate the
+        # captures of every other thread (whatever their mode).
         self.capture_stream.__enter__()
         try:
             self.cuda_graph.capture_begin(pool=self.pool,
@@ -468,6 +488,7 @@ class graph:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
+        capture = self.cuda_graph._capture  # for the error's context, before it is dropped
         try:
             if exc is None:
                 try:
@@ -479,7 +500,7 @@ class graph:
             self.cuda_graph._abort_capture(exc)
         finally:
             self.capture_stream.__exit__(None, None, None)
-        translated = _cuda.capture_error_from(exc)
+        translated = _cuda.capture_error_from(exc, capture)
         if translated is not None and translated is not exc:
             raise translated from exc
         return False

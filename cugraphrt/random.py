@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import cupy
 import numpy as np
 
-from . import _capture, _philox
+from . import _capture, _cuda, _philox
 from .errors import CaptureError, OptionsError
 from .options import GeneratorState
 
@@ -265,7 +265,11 @@ _defaults_lock = threading.Lock()
 
 
 def default_generator(device: int | None = None) -> Generator:
-    """The process-wide default generator of ``device`` (the current device by default)."""
+    """The process-wide default generator of ``device`` (the current device by default).
+
+    Created on first use, which may be inside a capture: its state is then written eagerly
+    on a side stream, so draws in the captured graph start from the seed.
+    """
     device_id = cupy.cuda.runtime.getDevice() if device is None else int(device)
     generator = _defaults.get(device_id)
     if generator is None:
@@ -273,9 +277,28 @@ def default_generator(device: int | None = None) -> Generator:
             generator = _defaults.get(device_id)
             if generator is None:
                 env = os.environ.get("CUGRAPHRT_SEED")
-                generator = Generator(int(env) if env else None, device_id)
+                generator = _outside_capture(Generator, int(env) if env else None, device_id)
                 _defaults[device_id] = generator
     return generator
+
+
+def _outside_capture(make, *args):
+    """``make(*args)`` run eagerly, even while this thread captures.
+
+    The default generator must work on its first use, and that may be inside a capture. Its
+    state is then written on a side stream that does not capture, from CuPy's own memory
+    pool (the capture router sends only the capture's streams to the graph's pool), in
+    relaxed capture mode (the allocation, the seed's host-to-device copy and the side
+    stream's synchronization are unsafe calls a global-mode capture would refuse), so the
+    graph only reads and advances state that exists before any replay.
+    """
+    if _capture.current_capture() is None and not _capture.is_current_stream_capturing():
+        return make(*args)
+    side = cupy.cuda.Stream(non_blocking=True)
+    with _cuda.relaxed_capture_mode(), side:
+        made = make(*args)
+        side.synchronize()
+    return made
 
 
 def _ensure_default_generator() -> None:

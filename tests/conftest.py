@@ -10,6 +10,17 @@ import pytest
 REQUIRE_GPU = os.environ.get("CUGRAPHRT_REQUIRE_GPU", "") == "1"
 
 
+def pytest_addoption(parser):
+    parser.addoption("--stress", action="store_true", default=False,
+                     help="run the long reliability runs (tests marked 'stress'); also "
+                          "enabled by CUGRAPHRT_STRESS=1")
+
+
+def stress_enabled(config) -> bool:
+    """Whether the long runs of tests/stress are on (--stress or CUGRAPHRT_STRESS=1)."""
+    return bool(config.getoption("--stress")) or os.environ.get("CUGRAPHRT_STRESS") == "1"
+
+
 def _gpu_reason() -> str | None:
     """None when a CUDA GPU is usable, else why not."""
     try:
@@ -28,10 +39,17 @@ NO_GPU_REASON = _gpu_reason()
 
 
 def pytest_collection_modifyitems(config, items):
+    if not stress_enabled(config):
+        skip = pytest.mark.skip(reason="long reliability run: pass --stress or set "
+                                       "CUGRAPHRT_STRESS=1")
+        for item in items:
+            # The marker, not item.keywords: those hold directory names too (tests/stress).
+            if item.get_closest_marker("stress") is not None:
+                item.add_marker(skip)
     if NO_GPU_REASON is None:
         return
     for item in items:
-        if "gpu" not in item.keywords:
+        if item.get_closest_marker("gpu") is None:
             continue
         if REQUIRE_GPU:
             item.add_marker(pytest.mark.usefixtures("_fail_without_gpu"))

@@ -63,10 +63,15 @@ class ArgPlan:
         The sample keyword arguments.
     name : str
         The callable's name, for messages.
+    convert_dtypes : bool, default False
+        Convert a floating-point tensor of another floating-point dtype on copy-in (torch's
+        behaviour) instead of refusing it.
     """
 
-    def __init__(self, args: tuple, kwargs: dict, name: str) -> None:
+    def __init__(self, args: tuple, kwargs: dict, name: str, *,
+                 convert_dtypes: bool = False) -> None:
         self.name = name
+        self.convert_dtypes = convert_dtypes
         self.num_args = len(args)
         self.kw_keys = tuple(kwargs)
         self._kw_set = frozenset(kwargs)
@@ -136,7 +141,10 @@ class ArgPlan:
                 continue
             if (not isinstance(value, _Tensor) or value.shape != shape
                     or value.dtype is not dtype or value.get_device() != device):
-                raise self._mismatch(index, value)
+                if not self._convertible(value, static):
+                    raise self._mismatch(index, value)
+                static.copy_(value)  # another floating dtype: converted, as torch does
+                continue
             if value.data_ptr() != ptr:
                 static.copy_(value)
             elif value.stride() != stride:  # the static buffer itself, laid out differently
@@ -159,11 +167,17 @@ class ArgPlan:
                     f"graph the callable again"
                 )
 
+    def _convertible(self, value: Any, static: torch.Tensor) -> bool:
+        return (self.convert_dtypes and isinstance(value, _Tensor)
+                and value.shape == static.shape and value.device == static.device
+                and value.is_floating_point() and static.is_floating_point())
+
     def _mismatch(self, index: int, value: Any) -> ReplayError:
         return ReplayError(
             f"argument {self.paths[index]} of graphed callable {self.name} does not match the "
             f"capture (expected {describe(self.statics[index])}, got {describe(value)}); pass "
-            f"a tensor of the captured shape, dtype and device, or graph the callable again "
+            f"a tensor of the captured shape, dtype and device (make_graphed_callables converts "
+            f"between floating dtypes unless strict_dtypes=True), or graph the callable again "
             f"for the new shape"
         )
 

@@ -14,10 +14,9 @@ import os
 import re
 import traceback
 
-import cupy
 import torch
 
-from cugraphrt import _cuda
+from cugraphrt import _cuda, _diagnose
 from cugraphrt.errors import CaptureError
 
 __all__ = ["capture_error", "torch_capture_status"]
@@ -62,10 +61,11 @@ _OPERATIONS = (
     (re.compile(r"\.synchronize\s*\(|\.query\s*\("),
      "waits for the device, which capture forbids"),
 )
-# Frames in these packages are the machinery, not the caller's operation.
+# Frames in these packages are the machinery, not the caller's operation (cugraphrt's
+# diagnosis skips CuPy's and its own already).
 _PACKAGE_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (torch.__file__, cupy.__file__, _cuda.__file__, __file__)
+    for path in (torch.__file__, _cuda.__file__, __file__)
 )
 
 
@@ -85,7 +85,8 @@ def torch_capture_status(exc: BaseException) -> int | None:
     return None
 
 
-def capture_error(exc: BaseException, where: str | None = None) -> CaptureError | None:
+def capture_error(exc: BaseException, where: str | None = None,
+                  capture=None) -> CaptureError | None:
     """A CaptureError for ``exc`` if capture caused it, naming the operation; else None.
 
     Parameters
@@ -95,11 +96,13 @@ def capture_error(exc: BaseException, where: str | None = None) -> CaptureError 
     where : str, optional
         The call that failed when no line of the caller's code is involved, such as
         ``"torch.cuda.CUDAGraph.capture_end()"``.
+    capture : cugraphrt._capture.Capture, optional
+        The capture underway, for its mode and stream when the cause must be inferred.
     """
     if isinstance(exc, CaptureError):
         return exc
     if not isinstance(exc, RuntimeError):
-        return _cuda.capture_error_from(exc)
+        return _cuda.capture_error_from(exc, capture)
     text = str(exc)
     first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     status = torch_capture_status(exc)
@@ -116,8 +119,10 @@ def capture_error(exc: BaseException, where: str | None = None) -> CaptureError 
                 f"{first_line}); capture torch work with cugraphrt_torch.graph(), not "
                 f"cugraphrt.graph()"
             )
-        return _cuda.capture_error_from(exc)
+        return _cuda.capture_error_from(exc, capture)
     operation = _operation(exc, where)
+    if status == _cuda.CAPTURE_INVALIDATED:
+        return _diagnose.invalidated_error(capture, operation, first_line)
     if status is not None and status != _cuda.CAPTURE_UNSUPPORTED:
         cause = str(_cuda.error_from_status(status, "torch"))
         cause = cause.split(": ", 1)[1] if ": " in cause else cause
@@ -132,19 +137,14 @@ def _operation(exc: BaseException, where: str | None) -> str:
     printing = any(frame.filename.endswith(("_tensor_str.py", "_tensor.py"))
                    and frame.name in ("__repr__", "__str__", "__format__", "_str", "_str_intern")
                    for frame in frames)
-    user = None
-    for frame in reversed(frames):
-        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIRS):
-            user = frame
-            break
-    if user is None or not (user.line or "").strip():
+    place = _diagnose.where_in_user_code(exc, _PACKAGE_DIRS)
+    if place is None:
         if printing:
             return "printing a CUDA tensor, which copies it to the host,"
         return where or "a torch operation"
-    line = user.line.strip()
-    place = f"`{line}` ({os.path.basename(user.filename)}:{user.lineno})"
     if printing:
         return f"{place}, which prints a CUDA tensor and so copies it to the host,"
+    line = place.split("` (")[0].lstrip("`")
     for pattern, what in _OPERATIONS:
         if pattern.search(line):
             return f"{place}, which {what},"

@@ -31,6 +31,7 @@ def make_graphed_callables(
     pool: cugraphrt.MemPool | None = None,
     *,
     sample_kwargs: dict | tuple | None = None,
+    strict_dtypes: bool = False,
 ) -> Any:
     """Capture the forward and backward of callables and return drop-in graphed versions.
 
@@ -60,6 +61,12 @@ def make_graphed_callables(
         or ``Graph.pool()``); by default a new private one.
     sample_kwargs : dict, or tuple of dicts (or None), optional
         Keyword arguments for one call, as ``sample_args``.
+    strict_dtypes : bool, default False
+        By default a floating-point tensor whose dtype differs from its sample's is converted
+        as it is copied into the static input, as torch's ``make_graphed_callables`` does
+        (under autocast, one graphed module's float16 output feeds the next one's float32
+        sample); its gradient is converted back by autograd. ``True`` raises
+        :class:`cugraphrt.ReplayError` for any dtype that differs from the sample's.
 
     Returns
     -------
@@ -80,7 +87,8 @@ def make_graphed_callables(
 
     Notes
     -----
-    Calls check the number, nesting, shape, dtype and device of tensor arguments and the value
+    Calls check the number, nesting, shape, dtype (see ``strict_dtypes``) and device of tensor
+    arguments and the value
     of the others (:class:`cugraphrt.ReplayError`), copy new tensors into the static inputs
     (no copy for a tensor at the static input's address) and return tensors whose values the
     next call overwrites. Gradients handed to autograd are never left aliasing a buffer a
@@ -88,11 +96,13 @@ def make_graphed_callables(
     """
     entries, single = normalize(callables, sample_args, sample_kwargs)
     _check_options(num_warmup_iters, allow_unused_input, pool)
+    if not isinstance(strict_dtypes, bool):
+        raise OptionsError("strict_dtypes", strict_dtypes, "True or False")
     _check_autocast_cache()
     for i, (fn, _, _) in enumerate(entries):
         if isinstance(fn, torch.nn.Module):
             check_module(fn, "callables" if single else f"callables[{i}]")
-    work = [_Work(fn, args, kwargs) for fn, args, kwargs in entries]
+    work = [_Work(fn, args, kwargs, strict_dtypes) for fn, args, kwargs in entries]
     device = _sample_device(work, single)
     _require_cuda()
     autocast = autocast_state()
@@ -131,10 +141,10 @@ class _Work:
                  "outputs", "fwd_graph", "bwd_graph", "fwd_seq", "bwd_seq", "grad_outputs",
                  "grad_inputs")
 
-    def __init__(self, fn: Callable, args: tuple, kwargs: dict) -> None:
+    def __init__(self, fn: Callable, args: tuple, kwargs: dict, strict_dtypes: bool) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.name = name_of(fn)
-        self.plan = ArgPlan(args, kwargs, self.name)
+        self.plan = ArgPlan(args, kwargs, self.name, convert_dtypes=not strict_dtypes)
         self.user_targets = [(self.plan.statics[i], self.plan.paths[i])
                              for i in self.plan.grad_indices]
         self.param_targets: list = []

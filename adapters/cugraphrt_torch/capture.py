@@ -42,14 +42,15 @@ _stranded: list = []
 class graph:
     """Context manager that captures torch (and CuPy) work of its block into a Graph.
 
-    On entry it synchronizes the device, makes one side stream current for both CuPy and
-    torch, and begins a capture owned by a ``torch.cuda.CUDAGraph``. Inside the block every
-    allocation torch or CuPy makes comes from the cugraphrt pool, and torch's CUDA RNG is
-    graph-safe: each replay draws fresh numbers, exactly those an eager run would draw from
-    the same generator state. On a normal exit the capture ends and ``cuda_graph`` holds the
-    graph; if the block raises, the capture is rolled back, the streams are restored, and an
-    error caused by an operation capture forbids comes out as :class:`cugraphrt.CaptureError`
-    naming it, chained from the original.
+    On entry it makes one side stream current for both CuPy and torch (without synchronizing
+    the device, so other threads' captures are unaffected) and begins a capture owned by a
+    ``torch.cuda.CUDAGraph``. Inside the block every allocation torch or CuPy makes comes
+    from the cugraphrt pool, and torch's CUDA RNG is graph-safe: each replay draws fresh
+    numbers, exactly those an eager run would draw from the same generator state. On a
+    normal exit the capture ends and ``cuda_graph`` holds the graph; if the block raises,
+    the capture is rolled back, the streams are restored, and an error caused by an
+    operation capture forbids comes out as :class:`cugraphrt.CaptureError` naming it,
+    chained from the original.
 
     Parameters
     ----------
@@ -103,7 +104,8 @@ class graph:
 
         device = cupy.cuda.runtime.getDevice()
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
-        cupy.cuda.runtime.deviceSynchronize()
+        # No device synchronization: it would invalidate other threads' captures (see
+        # cugraphrt.graph.__enter__), and nothing runs during a capture anyway.
         contexts = contextlib.ExitStack()
         contexts.enter_context(torch.cuda.device(device))
         contexts.enter_context(cupy_stream)
@@ -154,6 +156,7 @@ class _Session:
                 f"{torch.__version__}); upgrade to torch >= 2.8"
             ) from exc
         self.capture = None
+        self.failed = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
 
     @classmethod
@@ -200,7 +203,8 @@ class _Session:
                 self.torch_graph.capture_end()
         except Exception as exc:
             self.unwind()
-            translated = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()")
+            translated = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()",
+                                               capture=capture)
             if translated is None:
                 translated = CaptureError(f"torch could not end the capture (got: {exc}); "
                                           f"see the chained exception")
@@ -233,6 +237,7 @@ class _Session:
         return self.torch_graph
 
     def abort(self, exc: BaseException) -> None:
+        self.failed = self.capture  # its mode and stream explain the error (error_for)
         self.cuda_graph._abort_capture(exc)  # runs _on_abort first, then rolls back
         self.capture = None
 
@@ -245,7 +250,7 @@ class _Session:
         """What the caller sees for ``exc``: a pool error behind a torch OOM, or a CaptureError."""
         if self.pool_error is not None:
             return self.pool_error
-        return _errors.capture_error(exc)
+        return _errors.capture_error(exc, capture=self.failed)
 
     def unwind(self) -> None:
         """Leave torch as if the capture had never begun; never raises.

@@ -184,3 +184,54 @@ def test_cusparse_in_capture_is_a_capture_error(randn):
     with pytest.raises(CaptureError, match="cuSPARSE|synchroniz"):
         with graph(Graph()):
             matrix @ matrix
+
+
+LINALG_CALLS = {
+    "svd": lambda a, spd, v: cupy.linalg.svd(a),
+    "eig": lambda a, spd, v: cupy.linalg.eig(a),
+    "eigvals": lambda a, spd, v: cupy.linalg.eigvals(a),
+    "qr": lambda a, spd, v: cupy.linalg.qr(a),
+    "lstsq": lambda a, spd, v: cupy.linalg.lstsq(a, v, rcond=None),
+    "inv": lambda a, spd, v: cupy.linalg.inv(a),
+    "pinv": lambda a, spd, v: cupy.linalg.pinv(a),
+    "solve": lambda a, spd, v: cupy.linalg.solve(a, v),
+    "cholesky": lambda a, spd, v: cupy.linalg.cholesky(spd),
+    "eigh": lambda a, spd, v: cupy.linalg.eigh(spd),
+    "det": lambda a, spd, v: cupy.linalg.det(a),
+    "matrix_rank": lambda a, spd, v: cupy.linalg.matrix_rank(a),
+}
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("name", list(LINALG_CALLS))
+def test_every_solver_is_a_capture_error_naming_the_call(name, warm, randn):
+    a = randn((24, 24), np.float64)
+    spd, v = a @ a.T + 24 * cupy.eye(24), randn((24,), np.float64)
+    call = LINALG_CALLS[name]
+    if warm:
+        call(a, spd, v)  # handles, workspaces and modules exist: still not capturable
+    with pytest.raises(CaptureError, match=rf"call cupy\.linalg\.{name} cannot be captured"):
+        with graph(Graph()):
+            call(a, spd, v)
+    with graph(g := Graph()):  # nothing was left broken
+        w = a * 2
+    g.replay()
+    cupy.testing.assert_allclose(w, a * 2)
+    call(a, spd, v)  # and the solver still works eagerly
+
+
+def test_kernels_compiled_during_a_capture_are_noted_and_work(randn):
+    # Loading a module during a capture is legal on current drivers; cugraphrt notes the
+    # kernels so that an invalidated capture can name them.
+    from cugraphrt import _capture
+
+    x = randn((512,))
+    kernel = cupy.ElementwiseKernel("float32 a", "float32 b", "b = a * 3.25f + 1.0f",
+                                    "cgrt_test_noted_kernel")
+    g = Graph()
+    with graph(g):
+        notes = _capture.current_capture().notes
+        y = kernel(x)
+    assert any("cgrt_test_noted_kernel" in note for note in notes), notes
+    g.replay()
+    cupy.testing.assert_allclose(y, x * 3.25 + 1, rtol=1e-5, atol=1e-6)  # FMA or not

@@ -163,8 +163,8 @@ def test_invalidated_capture_names_the_cause():
     exc = _torch_error_on_this_line(_INVALIDATED, lambda: t.view(7))
     err = _errors.capture_error(exc, "torch.cuda.CUDAGraph.capture_end()")
     assert isinstance(err, CaptureError)
-    assert "failed during CUDA graph capture" in str(err)
-    assert "an earlier operation invalidated the capture" in str(err)
+    assert "the capture was invalidated before `" in str(err)  # names the caller's line
+    assert "an earlier operation of this capture failed" in str(err)
     assert _errors.torch_capture_status(exc) == 901
 
 

@@ -470,3 +470,23 @@ def test_foreign_tensors_are_found_and_non_leaf_inputs_end_the_walk():
     with pytest.raises(OptionsError, match=r"shape \(3, 3\).*gradients would be lost"):
         _check_foreign([h @ weight], [(h, "args[0]")], "f")
     _check_foreign([h @ weight, weight], [(h, "args[0]"), (weight, "parameter 'w'")], "f")
+
+
+def test_load_converts_floating_dtypes_like_torch_unless_strict():
+    static = torch.randn(3, 5)
+    converting = ArgPlan((static,), {}, "f", convert_dtypes=True)
+    half = torch.randn(3, 5, dtype=torch.float64).to(torch.float16)
+    converting.load((half,))
+    assert static.dtype == torch.float32
+    assert torch.equal(static, half.to(torch.float32))  # float16 -> float32 is exact
+    wide = torch.randn(3, 5, dtype=torch.float64)
+    converting.load((wide,))
+    assert torch.equal(static, wide.to(torch.float32))
+    # integers are never converted into a floating static, nor shapes bent
+    with pytest.raises(ReplayError, match=r"torch\.int64"):
+        converting.load((torch.ones(3, 5, dtype=torch.int64),))
+    with pytest.raises(ReplayError, match=r"shape \(5, 3\)"):
+        converting.load((torch.randn(5, 3, dtype=torch.float16),))
+    strict = ArgPlan((static,), {}, "f")
+    with pytest.raises(ReplayError, match=r"torch\.float16.*strict_dtypes=True"):
+        strict.load((half,))

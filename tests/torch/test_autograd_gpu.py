@@ -65,19 +65,21 @@ class Parameterless(torch.nn.Module):
         return gather_rows(x)
 
 
-@pytest.mark.parametrize("with_amp, allow_unused_input",
-                         [(False, True), (True, True), (False, False)])
+@pytest.mark.parametrize("with_amp, allow_unused_input, torch_samples",
+                         [(False, True, False), (True, True, False), (True, True, True),
+                          (False, False, False)])
 def test_two_modules_and_two_functions_train_like_eager(exact_math, with_amp,
-                                                        allow_unused_input):
+                                                        allow_unused_input, torch_samples):
     seed()
     models = [torch.nn.Sequential(MLP1(), MLP2(), Parameterless()).cuda() for _ in range(2)]
     graphed_model, control = models
     graphed_model.load_state_dict(control.state_dict())
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
-    # Unlike torch's test, intermediate samples have the dtype real inputs will have under
-    # autocast (float16): a call with another dtype raises ReplayError instead of a silent
-    # conversion.
-    act = torch.float16 if with_amp else torch.float32
+    # torch_samples: float32 intermediate samples, as torch's own test has them. Under
+    # autocast each graphed section then receives the previous one's float16 output and
+    # converts it on copy-in, like torch does. Otherwise the samples have the dtype real
+    # inputs will have (float16 under autocast) and no conversion happens.
+    act = torch.float16 if with_amp and not torch_samples else torch.float32
     x = torch.randn(N, D_IN, device="cuda")
     h = torch.randn(N, H, device="cuda", dtype=act, requires_grad=True)
     h2 = torch.randn(N, D_OUT, device="cuda", dtype=act, requires_grad=True)
@@ -114,6 +116,16 @@ def test_two_modules_and_two_functions_train_like_eager(exact_math, with_amp,
     graphed_model.eval()
     control.eval()
     assert_bitwise(graphed_model({"x": inputs[0]})["output"], control({"x": inputs[0]})["output"])
+
+
+def test_strict_dtypes_refuses_the_conversion():
+    lin = torch.nn.Linear(8, 8).cuda()
+    graphed = make_graphed_callables(lin, (torch.randn(4, 8, device="cuda", requires_grad=True),),
+                                     strict_dtypes=True)
+    with pytest.raises(ReplayError, match=r"got a tensor of shape \(4, 8\), torch.float16"):
+        graphed(torch.randn(4, 8, device="cuda", dtype=torch.float16))
+    with pytest.raises(OptionsError, match="strict_dtypes"):
+        make_graphed_callables(lin, (torch.randn(4, 8, device="cuda"),), strict_dtypes="yes")
 
 
 def test_autocast_weight_cache_is_refused():
@@ -245,10 +257,13 @@ def test_wrong_arguments_raise_replay_error_naming_them():
                                   torch.randn(4, 8, device="cuda")))
     x = torch.randn(4, 8, device="cuda")
     for bad, got in [(torch.randn(5, 8, device="cuda"), r"\(5, 8\)"),
-                     (x.double(), "torch.float64"), (x.cpu(), "on cpu")]:
+                     (x.to(torch.int32), "torch.int32"), (x.cpu(), "on cpu")]:
         with pytest.raises(ReplayError, match=f"argument args\\[0\\] of graphed callable "
                                               f"Linear .*got .*{got}"):
             lin(bad)
+    # Another floating dtype is converted on copy-in, as torch's make_graphed_callables does.
+    converted = lin(x.double()).detach().clone()  # outputs are static: copy before the next call
+    assert torch.equal(converted, lin(x))
     with pytest.raises(ReplayError, match=r"captured with 2 positional arguments \(got 1\)"):
         mse(x)
     with pytest.raises(ReplayError, match=r"argument args\[1\] of graphed callable mse_loss"):

@@ -1,0 +1,38 @@
+"""cugraphrt's cuBLAS capture handles outlive their threads and serve the next ones."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+from cugraphrt import _cublas
+
+
+def in_thread(fn):
+    result = []
+    thread = threading.Thread(target=lambda: result.append(fn()))
+    thread.start()
+    thread.join()
+    gc.collect()
+    return result[0]
+
+
+def test_a_dead_threads_handle_serves_the_next_thread(monkeypatch):
+    monkeypatch.setattr(_cublas, "_idle", {})
+    created_before = _cublas.created_handles
+
+    def take_fake_handle():
+        _cublas._thread_handles()[7] = 0xABC  # as if created for device 7
+        return 0xABC
+
+    in_thread(take_fake_handle)
+    assert _cublas._idle == {7: [0xABC]}, "the ended thread's handle was not given back"
+    assert in_thread(lambda: _cublas.ensure_capture_handle(7)) == 0xABC
+    assert _cublas.created_handles == created_before  # reused, not created
+    assert _cublas._idle == {7: [0xABC]}  # and given back again by that thread
+
+
+def test_many_short_threads_share_one_handle(monkeypatch):
+    monkeypatch.setattr(_cublas, "_idle", {5: [0x1]})
+    seen = {in_thread(lambda: _cublas.ensure_capture_handle(5)) for _ in range(50)}
+    assert seen == {0x1}
