@@ -267,6 +267,7 @@ class Bucketed:
             # lives: release this one too, and capture it again on its own.
             bucket.alone_bytes = self._reserved_bytes()
             self._evict(bucket)
+            del entry  # nothing may keep the released graph alive while the pool is measured
             if retry:
                 self._reserved_bytes()
                 return self._capture(bucket, retry=False)

@@ -96,10 +96,13 @@ class BucketedModule:
                 session = graph(cuda_graph, pool=self._core.pool)
                 with session:
                     outputs = module(*args)
-            assert session._replay is not None
+            replay = session._replay
+            assert replay is not None
             # Torch's own replay, on torch's current stream, past the pool-order checks: the
-            # bucket graphs of one pool may replay in any order (see cugraphrt.buckets).
-            return CapturedBucket(session._replay._replay, outputs, cuda_graph.reset)
+            # bucket graphs of one pool may replay in any order (see cugraphrt.buckets). Go
+            # through the adapter's replay object, never torch's bound method: a reset
+            # disarms the former, while the latter would keep torch's graph and pool alive.
+            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset)
 
         def eager(*args: Any) -> Any:
             with torch.no_grad():
