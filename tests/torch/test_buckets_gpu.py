@@ -72,19 +72,25 @@ def test_fallbacks_strict_and_training_flag():
 
 
 def test_memory_budget_under_torch_evicts_and_stays_correct(exact_math):
+    # Torch carves its memory in coarse segments, so the budget is what the smallest bucket
+    # reserves alone: it always fits (every other graph is released for it), larger ones
+    # either fit alone or run eagerly with the reason.
     model = convnet()
     sample = torch.randn(16, 3, 32, 32, device="cuda")
-    full = graph_module(model, sample, buckets=[4, 8, 16])
-    full.capture_all(progress=False)
-    all_bytes = full.pool.stats().reserved_bytes
-    del full
-    budget = all_bytes * 2 // 3
+    small = graph_module(model, sample, buckets=[4, 16])
+    small.capture_all(progress=False)
+    small.release(16)
+    budget = small.pool.stats().reserved_bytes
+    del small
     graphed = graph_module(model, sample, buckets=[4, 8, 16], memory_budget=budget)
-    for n in (16, 3, 9, 15, 4, 8):
+    for n in (16, 3, 9, 15, 4, 8, 2):
         x = torch.randn(n, 3, 32, 32, device="cuda")
         with torch.no_grad():
             expected = model(x)
         torch.testing.assert_close(graphed(x), expected, rtol=1e-4, atol=1e-4)
         assert graphed.pool.stats().reserved_bytes <= budget
     stats = graphed.stats()
-    assert sum(b.evictions for b in stats.buckets) >= 1 and stats.eager_calls == 0
+    by_size = {b.size: b for b in stats.buckets}
+    assert by_size[4].calls == 3, "the smallest bucket always fits its own budget"
+    assert set(stats.fallbacks) <= {"budget"}
+    assert sum(b.evictions for b in stats.buckets) >= 1
