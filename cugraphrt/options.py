@@ -215,7 +215,7 @@ def validate_options(model: type[_Model], **values: object) -> _Model:
         raise OptionsError(field, value, _allowed(model, field, error)) from exc
 
 
-def _allowed(model: type[BaseModel], field: str, error: dict) -> str:
+def _allowed(model: type[BaseModel], field: str, error: typing.Mapping[str, typing.Any]) -> str:
     info = model.model_fields.get(field)
     if info is None:
         return f"unknown option; allowed options are {', '.join(sorted(model.model_fields))}"
