@@ -7,11 +7,6 @@ The public namespace is assembled here from the modules that own each concept; s
 from __future__ import annotations
 
 from . import _require  # noqa: F401 - first: a clear error without CuPy
-from . import errors as _errors
-from . import graphed as _graphed
-from . import graphs as _graphs
-from . import options as _options
-from . import pool as _pool
 from ._capture import is_current_stream_capturing
 from .errors import (
     CaptureError,
@@ -42,17 +37,15 @@ from .pool import (
 
 __version__ = "0.1.0"
 
-__all__ = sorted(
-    set(_errors.__all__)
-    | set(_graphs.__all__)
-    | set(_graphed.__all__)
-    | set(_pool.__all__)
-    | {"CaptureOptions", "MakeGraphedOptions", "PoolStats", "GeneratorState", "BucketStat",
-       "BucketStats"}
-    | {"is_current_stream_capturing", "default_capture_stream", "random", "__version__"}
-)
+__all__ = [
+    "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
+    "CugraphrtError", "GeneratorState", "Graph", "GraphedFunction", "MakeGraphedOptions",
+    "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError", "PoolStats",
+    "ReplayError", "__version__", "default_capture_stream", "empty_cache", "graph",
+    "graph_pool_handle", "is_current_stream_capturing", "make_graphed", "memory_summary",
+    "pool_checks_enabled", "random", "set_pool_checks",
+]
 
-del _errors, _graphs, _graphed, _options, _pool
 
 
 def __getattr__(name: str):
