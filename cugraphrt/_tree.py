@@ -44,7 +44,8 @@ class TreeSpec:
             return "*"
         inner = [c.describe() for c in self.children]
         if self.kind == "dict":
-            return "{" + ", ".join(f"{k!r}: {v}" for k, v in zip(self.keys, inner)) + "}"
+            pairs = zip(self.keys, inner, strict=False)
+            return "{" + ", ".join(f"{k!r}: {v}" for k, v in pairs) + "}"
         if self.kind == "list":
             return "[" + ", ".join(inner) + "]"
         return "(" + ", ".join(inner) + ("," if len(inner) == 1 else "") + ")"
@@ -116,7 +117,7 @@ def _build(spec: TreeSpec, take: Callable[[], Any]) -> Any:
         return take()
     children = [_build(c, take) for c in spec.children]
     if spec.kind == "dict":
-        return spec.type(zip(spec.keys, children))
+        return spec.type(zip(spec.keys, children, strict=False))
     if spec.kind == "list":
         return spec.type(children) if spec.type is not list else children
     if spec.type is tuple:

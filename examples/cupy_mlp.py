@@ -22,7 +22,7 @@ DROPOUT = 0.1
 def init(seed: int = 0):
     rng = np.random.default_rng(seed)
     params = []
-    for fan_in, fan_out in zip(SIZES, SIZES[1:]):
+    for fan_in, fan_out in zip(SIZES, SIZES[1:], strict=False):
         w = rng.standard_normal((fan_in, fan_out)).astype(np.float32) / np.sqrt(fan_in)
         params.append((cupy.asarray(w), cupy.zeros(fan_out, dtype=cupy.float32)))
     return params

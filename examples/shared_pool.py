@@ -39,7 +39,8 @@ def main() -> None:
     cupy.repeat(cupy.ones(4096, cupy.float32), 4096).reshape(4096, 4096).mean(axis=1)
     _, _, _, separate = capture_pair(None)
     x, (first, second), y, shared = capture_pair(cugraphrt.graph_pool_handle())
-    print(f"separate pools reserve {separate / MiB:.0f} MiB, one shared pool {shared / MiB:.0f} MiB")
+    print(f"separate pools reserve {separate / MiB:.0f} MiB, "
+          f"one shared pool {shared / MiB:.0f} MiB")
     assert shared < separate
 
     cugraphrt.set_pool_checks(True)  # replays out of capture order now raise

@@ -88,7 +88,7 @@ def main() -> None:
     torch.cuda.synchronize()
     eager_us = (time.perf_counter() - start) / STEPS * 1e6
 
-    for p, q in zip(model.parameters(), control.parameters()):
+    for p, q in zip(model.parameters(), control.parameters(), strict=False):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(last, loss.item(), rtol=1e-5, atol=1e-6)
     print(f"whole-step capture: {STEPS} Adam steps as one graph each, equal to eager "

@@ -153,7 +153,7 @@ class GradBuffers:
         if self._any_copy:
             return self._hand_out_copies(result)
         tensors = [buffer.data for buffer in self.buffers]
-        for position, tensor in zip(self.positions, tensors):
+        for position, tensor in zip(self.positions, tensors, strict=False):
             result[position] = tensor
         return tuple(map(_ref, tensors))
 

@@ -195,7 +195,7 @@ class OutputPlan:
 
     def __init__(self, outputs: Any, name: str) -> None:
         leaves, self.spec, paths = _tree.flatten(outputs, "output")
-        for leaf, path in zip(leaves, paths):
+        for leaf, path in zip(leaves, paths, strict=False):
             if not isinstance(leaf, (_Tensor, *_CONSTANT_TYPES)):
                 raise OptionsError(
                     f"output of {name}", f"{path}: {type(leaf).__name__}",
@@ -228,7 +228,7 @@ class OutputPlan:
         leaves = list(self.template)
         if isinstance(tensors, _Tensor):
             tensors = (tensors,)
-        for position, tensor in zip(self.positions, tensors):
+        for position, tensor in zip(self.positions, tensors, strict=False):
             leaves[position] = tensor
         return _tree.unflatten(self.spec, leaves)
 
@@ -285,7 +285,8 @@ def normalize(callables: Any, sample_args: Any, sample_kwargs: Any
             raise OptionsError(name, value, f"one entry per callable ({len(callables)}) in a "
                                             f"tuple, when a tuple of callables is given")
     entries = []
-    for i, (fn, args, kwargs) in enumerate(zip(callables, sample_args, sample_kwargs)):
+    triples = zip(callables, sample_args, sample_kwargs, strict=False)
+    for i, (fn, args, kwargs) in enumerate(triples):
         label = "callables" if single else f"callables[{i}]"
         if not callable(fn):
             raise OptionsError(label, fn, "a torch.nn.Module or a function")

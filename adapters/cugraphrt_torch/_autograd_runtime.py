@@ -89,7 +89,7 @@ class GraphedCallable:
         self._gen = 0  # forward replays so far; a backward must belong to the latest
         self._grad_outs = tuple(
             (k, buf, buf.data_ptr(), buf.stride())
-            for k, buf in zip(outputs.diff, static_grad_outputs))
+            for k, buf in zip(outputs.diff, static_grad_outputs, strict=False))
         # backward returns (None for the leaves argument, one gradient per tensor input).
         self._n_result = 1 + len(self._grad_indices) + len(self._params)
         owners = [None] * len(self._grad_indices) + list(self._params)

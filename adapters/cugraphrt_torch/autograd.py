@@ -119,7 +119,7 @@ def make_graphed_callables(
         guard = _capture(work, pool, allow_unused_input)
     results = []
     for item in work:
-        params, names = zip(*item.param_targets) if item.param_targets else ((), ())
+        params, names = zip(*item.param_targets, strict=False) if item.param_targets else ((), ())
         rt = GraphedCallable(
             name=item.name, fn=item.fn, args=item.plan, outputs=item.outputs,
             forward_graph=item.fwd_graph, backward_graph=item.bwd_graph, guard=guard,
@@ -294,7 +294,7 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
 def _check_unused(grads, targets, name: str, allow_unused: bool) -> None:
     if allow_unused:
         return
-    unused = [label for g, (_, label) in zip(grads, targets) if g is None]
+    unused = [label for g, (_, label) in zip(grads, targets, strict=False) if g is None]
     if unused:
         raise OptionsError(
             "allow_unused_input", False,

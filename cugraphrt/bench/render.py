@@ -88,7 +88,7 @@ def _block(report: BenchReport, rows: list[RowInfo], footnotes: list[str]) -> li
                  for system in columns]
         table.append([row.metric, row.unit, *cells, _ratio(report, row)])
     widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    return ["  " + "  ".join(text.ljust(w) for text, w in zip(line, widths)).rstrip()
+    return ["  " + "  ".join(text.ljust(w) for text, w in zip(line, widths, strict=False)).rstrip()
             for line in table]
 
 

@@ -37,7 +37,7 @@ def test_replays_equal_eager_sequence_bitwise(name, dtype, rng):
         replayed.append(cupy.asnumpy(out))
     gen.manual_seed(seed)
     eager = [cupy.asnumpy(draw(gen, dtype)) for _ in range(4)]
-    for r, e in zip(replayed, eager):
+    for r, e in zip(replayed, eager, strict=True):
         assert r.dtype == np.dtype(dtype)
         np.testing.assert_array_equal(r.view(np.uint8), e.view(np.uint8))
     assert len({r.tobytes() for r in replayed}) == 4, "replays repeated their numbers"
@@ -100,7 +100,7 @@ def test_two_graphs_sharing_a_generator_advance_in_replay_order(rng):
     gen.manual_seed(seed)
     expected = [gen.rand(100, dtype=np.float32), gen.randn(60, dtype=np.float32),
                 gen.randn(60, dtype=np.float32), gen.rand(100, dtype=np.float32)]
-    for x, y in zip(got, expected):
+    for x, y in zip(got, expected, strict=True):
         np.testing.assert_array_equal(x, cupy.asnumpy(y))
 
 

@@ -63,7 +63,7 @@ def fake_group(items, guard=None):
 
         def forward(fn=fn, args=args, kwargs=kwargs, outputs=outputs):
             with torch.no_grad():
-                for static, new in zip(outputs.statics, _tensors(fn(*args, **kwargs))):
+                for static, new in zip(outputs.statics, _tensors(fn(*args, **kwargs)), strict=True):
                     static.copy_(new)
 
         def backward(fn=fn, args=args, kwargs=kwargs, targets=targets, grad_outs=grad_outs,
@@ -71,7 +71,7 @@ def fake_group(items, guard=None):
             with torch.enable_grad():
                 new = torch.autograd.grad(_tensors(fn(*args, **kwargs), True), targets,
                                           grad_outs, allow_unused=True)
-            for static, value in zip(grads, new):
+            for static, value in zip(grads, new, strict=True):
                 if static is not None:
                     static.copy_(value)
 
@@ -106,7 +106,7 @@ def relocations(monkeypatch):
     def counting(key, holders):
         before = [t.untyped_storage()._cdata if t is not None else None for t in holders]
         original(key, holders)
-        moved.extend(1 for t, b in zip(holders, before) if b == key)
+        moved.extend(1 for t, b in zip(holders, before, strict=True) if b == key)
 
     monkeypatch.setattr(GradBuffers, "_relocate", staticmethod(counting))
     return moved
@@ -259,11 +259,11 @@ def test_sgd_steps_match_eager_exactly():
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (graphed, control)]
     for _ in range(4):
         x = torch.randn(5, 8, dtype=F64)
-        for fn, opt in zip((rt, control), opts):
+        for fn, opt in zip((rt, control), opts, strict=True):
             opt.zero_grad(set_to_none=True)
             fn(x).pow(2).sum().backward()
             opt.step()
-    for p, pc in zip(graphed.parameters(), control.parameters()):
+    for p, pc in zip(graphed.parameters(), control.parameters(), strict=True):
         assert torch.equal(p, pc)
 
 
@@ -278,7 +278,7 @@ def test_two_backward_passes_accumulate_like_eager(grad_before, relocations):
         for seed in (11, 12):
             torch.manual_seed(seed)
             fn(torch.randn(5, 8, dtype=F64)).pow(2).sum().backward()
-    for p, pc in zip(graphed.parameters(), control.parameters()):
+    for p, pc in zip(graphed.parameters(), control.parameters(), strict=True):
         assert torch.equal(p.grad, pc.grad)
     # Only a .grad that adopted the first pass's gradient moves, once per parameter; an
     # existing .grad accumulates in place and nothing is copied.
@@ -321,11 +321,11 @@ def test_kept_autograd_grad_results_keep_their_values(relocations):
         x = torch.randn(5, 8, dtype=F64)
         kept.append(torch.autograd.grad(rt(x).sum(), list(graphed.parameters())))
         expected = torch.autograd.grad(control(x).sum(), list(control.parameters()))
-        assert all(torch.equal(a, b) for a, b in zip(kept[-1], expected))
+        assert all(torch.equal(a, b) for a, b in zip(kept[-1], expected, strict=True))
     torch.manual_seed(1)
     expected = torch.autograd.grad(control(torch.randn(5, 8, dtype=F64)).sum(),
                                    list(control.parameters()))
-    assert all(torch.equal(a, b) for a, b in zip(kept[0], expected))
+    assert all(torch.equal(a, b) for a, b in zip(kept[0], expected, strict=True))
     assert len(relocations) == 2
 
 

@@ -97,20 +97,20 @@ def test_two_modules_and_two_functions_train_like_eager(exact_math, with_amp,
     with autocast:
         *sections, relu_g, mse_g = make_graphed_callables(callables, samples,
                                                           allow_unused_input=True)
-    assert all(a is b for a, b in zip(sections, graphed_model))
+    assert all(a is b for a, b in zip(sections, graphed_model, strict=False))
     inputs = [torch.rand_like(x) for _ in range(10)]
     targets = [torch.rand_like(y) for _ in range(10)]
     for model, opt, relu_fn, loss_fn in ((graphed_model, opts[0], relu_g, mse_g),
                                          (control, opts[1], relu, mse)):
         seed()  # same RNG state: dropout masks are bitwise the same
-        for data, target in zip(inputs, targets):
+        for data, target in zip(inputs, targets, strict=True):
             opt.zero_grad(set_to_none=True)
             with autocast:
                 out = model({"x": data, "unused_input": unused})["output"]
                 loss = loss_fn(relu_fn(out), target)
             loss.backward()
             opt.step()
-    for p, pc in zip(graphed_model.parameters(), control.parameters()):
+    for p, pc in zip(graphed_model.parameters(), control.parameters(), strict=True):
         assert_bitwise(p, pc)
     # Captured in training mode: eval runs the original forward.
     graphed_model.eval()
@@ -169,7 +169,7 @@ def test_same_pool_separate_calls(exact_math):
     graphed = [make_graphed_callables(copy.deepcopy(m), (torch.randn(64, 32, device="cuda"),),
                                       pool=pool) for m in models]
     assert len({g.forward.graphed.forward_graph.pool().id for g in graphed}) == 1
-    for model, graphed_model in zip(models, graphed):
+    for model, graphed_model in zip(models, graphed, strict=True):
         x = torch.randn(64, 32, device="cuda")
         y, yg = model(x), graphed_model(x)
         loss, loss_g = y.norm(), yg.norm()
@@ -177,7 +177,7 @@ def test_same_pool_separate_calls(exact_math):
         loss_g.backward()
         assert_bitwise(y, yg)
         assert_bitwise(loss, loss_g)
-        for p, pg in zip(model.parameters(), graphed_model.parameters()):
+        for p, pg in zip(model.parameters(), graphed_model.parameters(), strict=True):
             assert_bitwise(p.grad, pg.grad)
             assert p.data_ptr() != pg.data_ptr() and p.grad.data_ptr() != pg.grad.data_ptr()
 
@@ -192,13 +192,13 @@ def test_accumulation_over_two_passes_equals_eager(exact_math, monkeypatch):
     monkeypatch.setattr(GradBuffers, "_relocate",
                         staticmethod(lambda key, holders: moved.append(key) or
                                      original(key, holders)))
-    for step in range(3):
+    for _step in range(3):
         xs = [torch.randn(16, 32, device="cuda") for _ in range(2)]
         for m in (model, control):
             m.zero_grad(set_to_none=True)
             for x in xs:  # two passes before the optimizer would step
                 m(x).pow(2).sum().backward()
-        for p, pc in zip(model.parameters(), control.parameters()):
+        for p, pc in zip(model.parameters(), control.parameters(), strict=False):
             assert_bitwise(p.grad, pc.grad)
     assert len(moved) == 3 * 2  # one copy per parameter per accumulation window, no more
     moved.clear()
@@ -232,14 +232,14 @@ def test_kwargs_and_nested_inputs_and_outputs(exact_math):
     for _ in range(5):
         b = {"x": torch.randn(8, 16, device="cuda"), "extra": [torch.randn(8, 32, device="cuda")]}
         m_ = (torch.rand(8, 1, device="cuda") > 0.3).float()
-        for net, opt in zip((model, control), opts):
+        for net, opt in zip((model, control), opts, strict=True):
             opt.zero_grad(set_to_none=True)
             out = net(b, scale=0.5, mask=m_)
             assert out["aux"][1] == "sum"
             (out["out"].square().mean() + out["aux"][0]).backward()
             opt.step()
         assert_bitwise(model(b, mask=m_, scale=0.5)["count"], m_.sum())
-    for p, pc in zip(model.parameters(), control.parameters()):
+    for p, pc in zip(model.parameters(), control.parameters(), strict=False):
         assert_bitwise(p, pc)
     good = dict(mask=mask, scale=0.5)
     with pytest.raises(ReplayError, match=r"kwargs\['scale'\].*expected float 0.5, got float 2"):
@@ -300,13 +300,14 @@ def test_warm_up_on_a_side_stream_and_buffers_restored():
     make_graphed_callables(module, (torch.randn(16, 8, device="cuda"),), num_warmup_iters=2)
     streams, module.streams = module.streams, []
     assert len(streams) == 2 and all(s != torch.cuda.default_stream() for s in streams)
-    for buffer, value in zip(module.buffers(), before):  # warm-up is not a training step
+    # warm-up is not a training step
+    for buffer, value in zip(module.buffers(), before, strict=True):
         assert_bitwise(buffer, value)
     x = torch.randn(16, 8, device="cuda")
     control = copy.deepcopy(module)
     control.forward = Recorder.forward.__get__(control)  # the copy shares the graphs: unbind
     assert_bitwise(module(x), control(x))  # and the captured update runs on replay
-    for buffer, expected in zip(module.buffers(), control.buffers()):
+    for buffer, expected in zip(module.buffers(), control.buffers(), strict=True):
         assert_bitwise(buffer, expected)
 
 
@@ -358,5 +359,5 @@ def test_whole_step_capture_equals_eager(exact_math, opt_name):
         g.replay(torch.cuda.current_stream())
         expected = step(control, opt_c, x, y)
         assert_bitwise(static_loss, expected.detach())
-    for p, pc in zip(model.parameters(), control.parameters()):
+    for p, pc in zip(model.parameters(), control.parameters(), strict=True):
         assert_bitwise(p, pc)

@@ -33,7 +33,8 @@ _SCRIPT = textwrap.dedent("""
 
 
 def test_core_imports_with_torch_blocked():
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-c", _SCRIPT], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -43,7 +44,8 @@ def test_core_imports_with_torch_blocked():
 def test_blocking_really_hides_torch():
     # The check above means something only if the blocker works.
     script = _SCRIPT.split("import cugraphrt")[0] + "import torch\n"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get("PYTHONPATH")])))
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0
