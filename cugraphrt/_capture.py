@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, cast
 
 import cupy
 from cupy.cuda import memory as cupy_memory
@@ -59,7 +61,7 @@ class _ThreadCaptures(threading.local):
     def __init__(self) -> None:
         self.by_stream: dict[int, Capture] = {}
         self.captures: list[Capture] = []
-        self.router_context = None
+        self.router_context: AbstractContextManager[Any] | None = None
         self.fallback: Callable | None = None
 
 
@@ -74,7 +76,7 @@ def _route(nbytes: int):
     if capture is None and nbytes:
         capture = _find_fork(state, ptr)
     if capture is None or not nbytes:
-        return state.fallback(nbytes)
+        return cast(Callable, state.fallback)(nbytes)  # set while captures are underway
     try:
         return capture.pool._allocate(nbytes, ptr, capture.token)
     except PoolOutOfMemoryError as exc:
@@ -210,8 +212,9 @@ def _register(capture: Capture) -> None:
     state = _tls
     if not state.captures:
         state.fallback = cupy_memory.get_allocator()
-        state.router_context = cupy.cuda.using_allocator(_route)
-        state.router_context.__enter__()
+        router_context = cupy.cuda.using_allocator(_route)
+        state.router_context = router_context
+        router_context.__enter__()
     state.captures.append(capture)
     state.by_stream[capture.stream_ptr] = capture
 

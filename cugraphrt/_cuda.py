@@ -13,10 +13,14 @@ import contextlib
 import ctypes
 import threading
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from cupy_backends.cuda.api import runtime
 
 from .errors import CaptureError, CugraphrtError
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr
 
 # CUDA status numbers; the runtime (cudaError_t) and the driver (CUresult) agree on these.
 SUCCESS = 0
@@ -173,7 +177,7 @@ class _Driver:
         check(self.init(0), "cuInit")
 
 
-def _bind(lib: ctypes.CDLL, names: tuple[str, ...], argtypes: list) -> ctypes._CFuncPtr:
+def _bind(lib: ctypes.CDLL, names: tuple[str, ...], argtypes: list) -> CFuncPtr:
     for name in names:
         try:
             fn = getattr(lib, name)

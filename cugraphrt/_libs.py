@@ -25,6 +25,7 @@ import importlib
 import re
 import sys
 import threading
+from typing import Any, cast
 
 from . import _capture, _cublas
 from .errors import CaptureError
@@ -139,7 +140,7 @@ def _refusing(fn, qualname: str, library: str, advice: str):
             )
         return fn(*args, **kwargs)
 
-    guarded.__cugraphrt_original__ = fn
+    cast(Any, guarded).__cugraphrt_original__ = fn
     return guarded
 
 
@@ -183,7 +184,7 @@ _KERNEL_NAME = re.compile(r"__global__\s+void\s+(\w+)")
 
 def _guard_cupy_random() -> None:
     try:
-        generator = importlib.import_module("cupy.random._generator")
+        generator: Any = importlib.import_module("cupy.random._generator")
     except ImportError:  # pragma: no cover - CuPy always ships it
         return
     advice = _GUARDED_MODULES["cupy_backends.cuda.libs.curand"][1]

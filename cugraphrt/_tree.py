@@ -8,7 +8,7 @@ gets a path such as ``args[1]['w']`` for error messages.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["TreeSpec", "flatten", "unflatten", "LEAF"]
 
@@ -116,12 +116,13 @@ def _build(spec: TreeSpec, take: Callable[[], Any]) -> Any:
     if spec.kind == "leaf":
         return take()
     children = [_build(c, take) for c in spec.children]
+    typ = cast(type, spec.type)  # only a leaf has no type
     if spec.kind == "dict":
-        return spec.type(zip(spec.keys, children, strict=False))
+        return typ(zip(spec.keys, children, strict=False))
     if spec.kind == "list":
-        return spec.type(children) if spec.type is not list else children
-    if spec.type is tuple:
+        return typ(children) if typ is not list else children
+    if typ is tuple:
         return tuple(children)
-    if hasattr(spec.type, "_fields"):  # named tuple
-        return spec.type(*children)
-    return spec.type(children)
+    if hasattr(typ, "_fields"):  # named tuple
+        return typ(*children)
+    return typ(children)

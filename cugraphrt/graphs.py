@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import warnings
 import weakref
+from typing import Literal, cast
 
 import cupy
 
@@ -55,7 +56,7 @@ class _GraphHandles:
             detached = _GraphHandles()
             for name in self.__slots__:
                 setattr(detached, name, getattr(self, name))
-            self.__init__()
+            type(self).__init__(self)
             capture_activity.defer_or_run(detached.release)
             return
         if self.exec and self.owned:
@@ -223,7 +224,7 @@ class Graph:
         handles.keepalive.append(owner)
         self._exec = exec_handle or None
         if replay is not None:
-            self.replay = replay
+            self.__dict__["replay"] = replay  # per-instance override of the method
 
     def _drop_orphan_guard(self) -> None:
         guard, self._orphan_guard = self._orphan_guard, None
@@ -269,7 +270,7 @@ class Graph:
         ptr = _stream_ptr(stream)
         exec_handle = self._ready_exec("replay()")
         handles = self._handles
-        pool = handles.pool
+        pool = cast(MemPool, handles.pool)  # the checked replay is chosen only with a pool
         pool._check_replay(handles.seq, ptr)
         _launch(exec_handle, ptr)
         pool._note_replay(handles.seq, ptr)
@@ -285,7 +286,7 @@ class Graph:
             )
         if self._exec is None:
             self._instantiate()
-        return self._exec
+        return cast(int, self._exec)  # _instantiate() sets it
 
     def upload(self, stream=None) -> None:
         """Upload the executable graph to the device ahead of the first replay.
@@ -487,7 +488,7 @@ class graph:
             raise
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         capture = self.cuda_graph._capture  # for the error's context, before it is dropped
         try:
             if exc is None:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import cast
 
-from .records import BenchReport, RowInfo
+from .records import BenchRecord, BenchReport, RowInfo
 
 __all__ = ["render_report", "render_table", "render_targets", "format_value", "write_plot"]
 
@@ -152,7 +153,9 @@ def write_plot(report: BenchReport, path: Path | str) -> None:
         xs, heights = [], []
         for j, row in enumerate(rows):
             value = report.record(row.workload, row.metric, system)
-            reference = report.record(row.workload, row.metric, row.reference)
+            # rows keeps only those with a reference record
+            reference = cast(BenchRecord,
+                             report.record(row.workload, row.metric, row.reference))
             if value is not None and reference.median > 0 and value.median > 0:
                 xs.append(j - 0.4 + width * (i + 0.5))
                 heights.append(value.median / reference.median)

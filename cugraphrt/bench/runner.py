@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 from . import render
 from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, WorkloadError
@@ -232,7 +233,7 @@ def evaluate_targets(workloads: Sequence[Workload], report: BenchReport) -> list
         for target in workload.targets:
             matched = [r for r in rows if target.metric in (None, r.metric)
                        and target.system in r.systems and target.reference in r.systems]
-            base = {"workload": workload.name, "system": target.system,
+            base: dict[str, Any] = {"workload": workload.name, "system": target.system,
                     "reference": target.reference, "threshold": target.threshold,
                     "direction": target.direction}
             if not matched:

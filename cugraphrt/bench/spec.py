@@ -96,7 +96,7 @@ class RowBuilder:
                  subject: str) -> None:
         self.row = Row(metric, unit, reference, subject, tuple(systems), {})
 
-    def setup(self, system: str, factory: Callable[[], object]):
+    def setup(self, system: str, factory: Callable[..., object]):
         """Call ``factory``; on failure record the cell and return None.
 
         :class:`SystemUnavailable` makes the cell n/a; any other exception makes it an

@@ -13,7 +13,9 @@ import copy
 import functools
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import cugraphrt
 
@@ -61,7 +63,7 @@ INFER_TOL = 2e-3
 @dataclass(frozen=True)
 class _Variant:
     metric: str
-    build: object  # torch -> nn.Module
+    build: Callable[[Any], Any]  # torch -> nn.Module
     shape: tuple[int, ...]
     compile_in_quick: bool  # torch.compile is the slowest setup: only the MLP in --quick
 
@@ -272,7 +274,7 @@ def run_capture_time(ctx: Context) -> None:
             release_torch(torch)
 
 
-def _infer_builders() -> dict:
+def _infer_builders() -> dict[str, Any]:
     def torch_side(torch, base, x):
         model = copy.deepcopy(base).eval()
         return keep(capture_batch, torch, lambda: model, lambda m: HandGraph(torch, m, x))
@@ -285,7 +287,7 @@ def _infer_builders() -> dict:
     return {"torch": torch_side, "cugraphrt_torch": ours}
 
 
-def _train_builders() -> dict:
+def _train_builders() -> dict[str, Any]:
     def torch_side(torch, base, x):
         return keep(capture_batch, torch, lambda: copy.deepcopy(base).train(),
                     lambda m: torch.cuda.make_graphed_callables(
@@ -334,7 +336,7 @@ def torch_pool_rows(ctx: Context, batches, widths) -> list[Row]:
     return [reserved.build(), device.build()]
 
 
-def _pool_captures(torch, model, statics) -> dict:
+def _pool_captures(torch, model, statics) -> dict[str, Any]:
     def torch_graphs(sizes, shared: bool):
         pool = torch.cuda.graph_pool_handle() if shared else None
         graphs, outputs = [], []
