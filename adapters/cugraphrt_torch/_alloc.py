@@ -24,6 +24,8 @@ import gc
 import sys
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from cugraphrt import _cuda
 from cugraphrt.backing import capture_activity
@@ -170,7 +172,7 @@ class _TorchPool:
 
     def __init__(self, mempool) -> None:
         try:
-            self.ref = weakref.ref(mempool)
+            self.ref: Callable[..., Any] = weakref.ref(mempool)
         except TypeError:  # a torch whose MemPool takes no weak references
             self.ref = lambda kept=mempool: kept
         self.users = 0

@@ -37,12 +37,14 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 
-_use_count = getattr(torch._C, "_storage_Use_Count", None)
+# A private torch entry point (storage key -> use count), absent from some builds.
+_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
 _ref = weakref.ref
 
 
@@ -158,7 +160,7 @@ class GradBuffers:
         return tuple(map(_ref, tensors))
 
     def _hand_out_copies(self, result: list) -> tuple:
-        handed = []
+        handed: list[weakref.ref | None] = []
         for j, buffer in enumerate(self.buffers):
             if self.copy[j]:
                 result[self.positions[j]] = buffer.clone()

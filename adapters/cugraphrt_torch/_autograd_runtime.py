@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -113,6 +113,7 @@ class GraphedCallable:
     # -- call path -------------------------------------------------------------------------
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves: tuple | list
         if self._flat and not kwargs and len(args) == self._nargs:
             leaves = args
         else:
@@ -164,7 +165,8 @@ class GraphedCallable:
                 static.copy_(grad)
             elif grad.stride() != stride:  # the buffer itself, laid out differently
                 static.copy_(grad.clone())
-        self._bwd_replay()
+        # backward runs only for a callable with a backward graph (see __call__)
+        cast("Callable[[], None]", self._bwd_replay)()
         result = [None] * self._n_result
         handed = self._grads.hand_out(result)
         leaves = self._leaf_refs(ctx.leaves) if self._keep_leaves else ()
@@ -225,7 +227,7 @@ def _autocast_text(state: tuple) -> str:
     return f"on ({state[1]})" if state[0] else "off"
 
 
-def _function_for(rt: GraphedCallable) -> type:
+def _function_for(rt: GraphedCallable) -> type[torch.autograd.Function]:
     """The autograd Function of one graphed callable (forward and backward replays)."""
 
     def backward_once(ctx, *grads):
@@ -254,8 +256,9 @@ def _function_for(rt: GraphedCallable) -> type:
 
     # Named after the callable, so autograd's node reads "Graphed_LinearBackward".
     name = "Graphed_" + "".join(c if c.isalnum() else "_" for c in rt.name)
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+    return cast("type[torch.autograd.Function]",
+                type(name, (torch.autograd.Function,),
+                     {"forward": staticmethod(forward), "backward": staticmethod(backward)}))
 
 
 def graphed_forward(rt: GraphedCallable, module: torch.nn.Module, original: Callable
@@ -269,6 +272,7 @@ def graphed_forward(rt: GraphedCallable, module: torch.nn.Module, original: Call
             return rt(*args, **kwargs)
         return original(*args, **kwargs)
 
-    forward.graphed = rt
-    forward.__wrapped__ = original
+    attrs: Any = forward  # function attributes, for inspection
+    attrs.graphed = rt
+    attrs.__wrapped__ = original
     return forward
