@@ -132,7 +132,7 @@ def stream_handle(stream) -> int:
     return int(handle)
 
 
-def stream_pair(stream, device: int) -> tuple[cupy.cuda.Stream, object]:
+def stream_pair(stream, device: int) -> tuple[cupy.cuda.Stream, torch.cuda.Stream]:
     """The same CUDA stream seen by CuPy and by torch.
 
     Parameters

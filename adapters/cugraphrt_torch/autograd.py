@@ -8,7 +8,7 @@ and an autograd Function per callable that replays them. See docs/training.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -19,6 +19,9 @@ from cugraphrt.errors import CugraphrtError, OptionsError
 from ._autograd_guard import guard_for
 from ._autograd_plan import ArgPlan, OutputPlan, check_module, describe, name_of, normalize
 from ._autograd_runtime import GraphedCallable, autocast_state, graphed_forward
+
+if TYPE_CHECKING:
+    from ._autograd_guard import AliasGuard
 
 __all__ = ["make_graphed_callables", "GraphedCallable"]
 
@@ -117,7 +120,7 @@ def make_graphed_callables(
             finally:
                 restore()
         guard = _capture(work, pool, allow_unused_input)
-    results = []
+    results: list[Any] = []
     for item in work:
         params, names = zip(*item.param_targets, strict=False) if item.param_targets else ((), ())
         rt = GraphedCallable(
@@ -141,6 +144,11 @@ class _Work:
                  "outputs", "fwd_graph", "bwd_graph", "fwd_seq", "bwd_seq", "grad_outputs",
                  "grad_inputs")
 
+    # Set by _capture().
+    outputs: OutputPlan
+    fwd_graph: cugraphrt.Graph
+    fwd_seq: int
+
     def __init__(self, fn: Callable, args: tuple, kwargs: dict, strict_dtypes: bool) -> None:
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.name = name_of(fn)
@@ -148,7 +156,7 @@ class _Work:
         self.user_targets = [(self.plan.statics[i], self.plan.paths[i])
                              for i in self.plan.grad_indices]
         self.param_targets: list = []
-        self.bwd_graph = None
+        self.bwd_graph: cugraphrt.Graph | None = None
         self.bwd_seq = -1
         self.grad_outputs: list = []
         self.grad_inputs: tuple = ()
@@ -262,7 +270,8 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
     """Forward graphs in call order, then backward graphs in reverse, into one pool."""
     import cugraphrt_torch  # the adapter's capture, imported when first needed
 
-    mem, guard = pool, None
+    mem = pool
+    guard: AliasGuard | None = None
     for item in work:
         graph = cugraphrt.Graph()
         with cugraphrt_torch.graph(graph, pool=mem):
@@ -285,7 +294,7 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
         with cugraphrt_torch.graph(graph, pool=mem):
             grads = torch.autograd.grad(diff, [t for t, _ in targets],
                                         grad_outputs=item.grad_outputs, allow_unused=True)
-        item.bwd_graph, item.bwd_seq = graph, guard.next_seq()
+        item.bwd_graph, item.bwd_seq = graph, cast("AliasGuard", guard).next_seq()  # set above
         _check_unused(grads, targets, item.name, allow_unused)
         item.grad_inputs = tuple(grads)
     return guard

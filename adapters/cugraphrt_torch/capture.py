@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from typing import TYPE_CHECKING, Literal, cast
 
 import cupy
 
@@ -30,6 +31,9 @@ from cugraphrt.options import CaptureOptions, validate_options
 from cugraphrt.pool import MemPool
 
 from . import _alloc, _errors, _torch
+
+if TYPE_CHECKING:
+    from cugraphrt._capture import Capture
 
 __all__ = ["graph"]
 
@@ -119,9 +123,10 @@ class graph:
         self._contexts = contexts
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> bool:
-        session, self._session = self._session, None
-        contexts, self._contexts = self._contexts, None
+    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
+        # Both are set by a successful __enter__.
+        session, self._session = cast("_Session", self._session), None
+        contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
         try:
             if exc is None:
                 self.torch_graph = session.end()
@@ -155,8 +160,8 @@ class _Session:
                 f"cugraphrt_torch needs torch.cuda.CUDAGraph(keep_graph=True) (got torch "
                 f"{torch.__version__}); upgrade to torch >= 2.8"
             ) from exc
-        self.capture = None
-        self.failed = None  # the capture, once aborted
+        self.capture: Capture | None = None
+        self.failed: Capture | None = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
 
     @classmethod
