@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, cast
+from typing import Any
 
 import cupy
 from cupy.cuda import memory as cupy_memory
@@ -76,7 +76,9 @@ def _route(nbytes: int):
     if capture is None and nbytes:
         capture = _find_fork(state, ptr)
     if capture is None or not nbytes:
-        return cast(Callable, state.fallback)(nbytes)  # set while captures are underway
+        fallback = state.fallback
+        assert fallback is not None  # set while captures are underway
+        return fallback(nbytes)
     try:
         return capture.pool._allocate(nbytes, ptr, capture.token)
     except PoolOutOfMemoryError as exc:

@@ -8,7 +8,7 @@ gets a path such as ``args[1]['w']`` for error messages.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 __all__ = ["TreeSpec", "flatten", "unflatten", "LEAF"]
 
@@ -116,7 +116,8 @@ def _build(spec: TreeSpec, take: Callable[[], Any]) -> Any:
     if spec.kind == "leaf":
         return take()
     children = [_build(c, take) for c in spec.children]
-    typ = cast(type, spec.type)  # only a leaf has no type
+    typ = spec.type
+    assert typ is not None  # only a leaf has no type
     if spec.kind == "dict":
         return typ(zip(spec.keys, children, strict=False))
     if spec.kind == "list":

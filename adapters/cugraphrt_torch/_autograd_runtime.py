@@ -166,7 +166,9 @@ class GraphedCallable:
             elif grad.stride() != stride:  # the buffer itself, laid out differently
                 static.copy_(grad.clone())
         # backward runs only for a callable with a backward graph (see __call__)
-        cast("Callable[[], None]", self._bwd_replay)()
+        replay = self._bwd_replay
+        assert replay is not None  # an internal invariant: a bytecode test, no call
+        replay()
         result = [None] * self._n_result
         handed = self._grads.hand_out(result)
         leaves = self._leaf_refs(ctx.leaves) if self._keep_leaves else ()
