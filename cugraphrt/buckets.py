@@ -33,6 +33,7 @@ from . import _tree
 from ._bucket_plan import (
     ArrayOps,
     Slot,
+    bucket_sizes,
     check_budget,
     check_pad,
     leaf_dims,
@@ -120,10 +121,9 @@ class Bucketed:
         self._max = self.buckets[-1]
         self._table = [_Bucket(size) for size in self.buckets]
         # n -> its bucket, for every n the buckets serve (index 0 unused: size 0 is eager)
-        self._bucket_of: list[_Bucket | None] = [None] * (self._max + 1)
-        for bucket in reversed(self._table):
-            for n in range(1, bucket.size + 1):
-                self._bucket_of[n] = bucket
+        by_size = {bucket.size: bucket for bucket in self._table}
+        self._bucket_of: list[_Bucket | None] = [by_size.get(size)
+                                                 for size in bucket_sizes(self.buckets)]
         self._slots: list[Slot] = []
         self._statics: list[tuple] = []  # (index, static, shape, dtype, path)
         self._constants: list[tuple] = []  # (index, value, path)

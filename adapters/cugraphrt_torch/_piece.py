@@ -158,6 +158,10 @@ class Piece:
             replay.on_torch_stream()
         else:
             replay._replay()
+        return self._results(rec, args)
+
+    def _results(self, rec: _Recording, args: list) -> list:
+        """After a replay: write mutated copied inputs back, hand out the outputs."""
         self._replays += 1
         for index, buffer in rec.write_back:
             args[index].copy_(buffer)
@@ -241,13 +245,7 @@ class Piece:
             return self._eager(args)
         self._recordings[key] = rec
         rec.replay.on_torch_stream()  # a capture records work without running it
-        self._replays += 1
-        for index, buffer in rec.write_back:
-            args[index].copy_(buffer)
-        if self._settings.copy_outputs:
-            return [out.clone() if clone else out
-                    for out, clone in zip(rec.outputs, rec.clone, strict=True)]
-        return list(rec.outputs)
+        return self._results(rec, args)
 
     def _capture(self, args: list) -> _Recording:
         static = set(self._static)
