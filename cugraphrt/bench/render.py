@@ -66,7 +66,12 @@ def render_table(report: BenchReport, descriptions: Mapping[str, str] | None = N
         title = f"{name}: {descriptions[name]}" if name in descriptions else name
         lines = [title]
         footnotes: list[str] = []
-        if rows:
+        skipped = _one_reason(report, rows)
+        if skipped is not None:
+            # A workload left out as a whole (--quick, a missing package) takes one line,
+            # not a table of identical cells.
+            lines.append(f"  n/a ({skipped})")
+        elif rows:
             lines += _block(report, rows, footnotes)
         lines += [f"  error: {e.message}" for e in report.errors if e.workload == name]
         lines += footnotes
@@ -75,6 +80,19 @@ def render_table(report: BenchReport, descriptions: Mapping[str, str] | None = N
         return "no workload ran"
     legend = "medians over repeats; * = the row's reference; ratio = subject / reference"
     return legend + "\n\n" + "\n\n".join(blocks)
+
+
+def _one_reason(report: BenchReport, rows: list[RowInfo]) -> str | None:
+    """The reason when every cell of the workload is n/a for one reason, else None."""
+    reasons = set()
+    for row in rows:
+        for system in row.systems:
+            note = report.note(row.workload, row.metric, system)
+            if report.record(row.workload, row.metric, system) is not None or note is None \
+                    or note.status != "n/a":
+                return None
+            reasons.add(note.message)
+    return reasons.pop() if len(reasons) == 1 else None
 
 
 def _block(report: BenchReport, rows: list[RowInfo], footnotes: list[str]) -> list[str]:

@@ -225,6 +225,22 @@ def test_long_unavailable_reason_is_cut_in_the_cell_and_given_in_full_below():
     assert "..." in row_line
 
 
+def test_workload_left_out_as_a_whole_takes_one_line():
+    reason = "skipped in --quick (run --only demo)"
+    rows = [_row(m, {"ours": NotAvailable(reason), "ref": NotAvailable(reason)})
+            for m in ("step", "memory")]
+    report = runner.build_report([(DEMO, rows, None)], [DEMO], created="t", device="d",
+                                 versions={}, quick=True, elapsed_s=1.0)
+    lines = render_table(report, {"demo": "a fabricated workload"}).splitlines()
+    block = lines[lines.index("demo: a fabricated workload"):]
+    assert block == ["demo: a fabricated workload", f"  n/a ({reason})"]
+    # Two reasons, or one measured cell, keep the full table.
+    rows[1] = _row("memory", {"ours": NotAvailable("other"), "ref": NotAvailable(reason)})
+    report = runner.build_report([(DEMO, rows, None)], [DEMO], created="t", device="d",
+                                 versions={}, quick=True, elapsed_s=1.0)
+    assert any(line.strip().startswith("metric") for line in render_table(report).splitlines())
+
+
 def test_crashed_workload_shows_its_error_and_keeps_finished_rows():
     rows = [_row("first", {"ours": _summary(1.0), "ref": _summary(1.0)})]
     report = runner.build_report([(DEMO, rows, "ValueError: boom")], [DEMO], created="t",
