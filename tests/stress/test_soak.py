@@ -35,12 +35,14 @@ def soak(cycle, cycles: int, warm_up: int = 50, settle=None) -> tuple[int, int]:
     return device_used_bytes() - device_before, host_rss_bytes() - host_before
 
 
-def check(figures, name: str, cycles: int, device: int, host: int) -> None:
+def check(figures, name: str, cycles: int, device: int, host: int, *,
+          host_limited: bool = True) -> None:
     limit = growth_limit(cycles) / MiB
     figures.add(f"soak/{name}", f"{cycles} cycles: device {device / MiB:+.2f} MiB, host "
                                 f"{host / MiB:+.2f} MiB (limit {limit:.0f} MiB)")
     assert device < growth_limit(cycles), f"device memory grew by {device / MiB:.2f} MiB"
-    assert host < growth_limit(cycles), f"host memory grew by {host / MiB:.2f} MiB"
+    if host_limited:
+        assert host < growth_limit(cycles), f"host memory grew by {host / MiB:.2f} MiB"
 
 
 def test_cupy_capture_replay_reset_cycles(level, randn, figures):
@@ -121,10 +123,6 @@ def _require_torch_cuda():
     return torch
 
 
-@pytest.mark.xfail(strict=False, reason="open (issue 15): after the torch.compile interop fix "
-                   "(torch's cuBLAS workspace cache cleared around each capture) the short run "
-                   "measured +9.3 MiB of host memory over 200 torch cycles on an H200; not yet "
-                   "investigated")
 def test_torch_capture_replay_reset_cycles(level, figures):
     torch = _require_torch_cuda()
     cycles = level.pick(short=200, long=3000)
@@ -140,7 +138,15 @@ def test_torch_capture_replay_reset_cycles(level, figures):
             torch.cuda.empty_cache()
 
     device, host = soak(cycle, cycles, warm_up=20, settle=torch.cuda.empty_cache)
-    check(figures, "torch (empty_cache every 50 cycles)", cycles, device, host)
+    name = "torch (empty_cache every 50 cycles)"
+    if host >= growth_limit(cycles):
+        # The device figure is still enforced; the host growth is a known open finding
+        # (issue 15: +9.33 MiB over 200 cycles on an H100 and an H200 alike since torch's
+        # cuBLAS workspace cache is cleared around each capture), reported, not hidden.
+        check(figures, name, cycles, device, host, host_limited=False)
+        pytest.xfail(f"known (issue 15): host memory grew by {host / MiB:.2f} MiB over "
+                     f"{cycles} torch cycles; device {device / MiB:+.2f} MiB")
+    check(figures, name, cycles, device, host)
 
 
 @pytest.mark.xfail(strict=True, reason="known: torch keeps the segments of each reset graph's "
