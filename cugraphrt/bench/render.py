@@ -14,7 +14,8 @@ from typing import cast
 
 from .records import BenchRecord, BenchReport, RowInfo
 
-__all__ = ["render_report", "render_table", "render_targets", "format_value", "write_plot"]
+__all__ = ["render_report", "render_table", "render_targets", "format_value", "plot_rows",
+           "write_plot"]
 
 #: Longest cell text; longer n/a or error messages are cut and repeated under the block.
 CELL_WIDTH = 40
@@ -148,6 +149,17 @@ def render_targets(report: BenchReport) -> str:
     return "\n".join(lines)
 
 
+def plot_rows(report: BenchReport) -> list[RowInfo]:
+    """The rows the plot shows: those whose reference has a positive value to divide by
+    (an agreement row whose reference is eager's own 0 has no ratios)."""
+    rows = []
+    for row in report.rows:
+        reference = report.record(row.workload, row.metric, row.reference)
+        if reference is not None and reference.median > 0:
+            rows.append(row)
+    return rows
+
+
 def write_plot(report: BenchReport, path: Path | str) -> None:
     """A bar chart: per row, each system's median over the row's reference (log scale).
 
@@ -161,7 +173,7 @@ def write_plot(report: BenchReport, path: Path | str) -> None:
     matplotlib.use("Agg")  # files only: no display on a GPU server
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report.rows if report.record(r.workload, r.metric, r.reference)]
+    rows = plot_rows(report)
     systems: list[str] = []
     for row in rows:
         systems += [s for s in row.systems if s not in systems]
@@ -171,10 +183,10 @@ def write_plot(report: BenchReport, path: Path | str) -> None:
         xs, heights = [], []
         for j, row in enumerate(rows):
             value = report.record(row.workload, row.metric, system)
-            # rows keeps only those with a reference record
+            # plot_rows keeps only rows with a reference record
             reference = cast(BenchRecord,
                              report.record(row.workload, row.metric, row.reference))
-            if value is not None and reference.median > 0 and value.median > 0:
+            if value is not None and value.median > 0:
                 xs.append(j - 0.4 + width * (i + 0.5))
                 heights.append(value.median / reference.median)
         if xs:

@@ -25,8 +25,8 @@ from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, 
 from .spec import Context, Failed, NotAvailable, Row, Workload, describe
 from .timing import Summary
 
-__all__ = ["main", "WORKLOADS", "parse_args", "run_workloads", "build_report",
-           "evaluate_targets", "Progress", "QUICK_BUDGET_S"]
+__all__ = ["main", "WORKLOADS", "REAL_NAMES", "parse_args", "selected_names", "run_workloads",
+           "build_report", "evaluate_targets", "Progress", "QUICK_BUDGET_S"]
 
 #: What ``--quick`` promises: the whole run within this many seconds on an H100.
 QUICK_BUDGET_S = 60.0
@@ -39,11 +39,21 @@ def _workloads() -> tuple[Workload, ...]:
     from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
-            POOL_ALLOC, SERVING, HF_DECODE, RESNET50)
+            POOL_ALLOC, SERVING, HF_DECODE, RESNET50, *_real_workloads())
+
+
+def _real_workloads() -> tuple[Workload, ...]:
+    from .workloads_real import REAL_LLAMA, REAL_RESNET50
+    from .workloads_real_cg import REAL_CG
+    from .workloads_real_train import REAL_RESNET18
+
+    return (REAL_RESNET50, REAL_RESNET18, REAL_LLAMA, REAL_CG)
 
 
 #: Every workload, in run order.
 WORKLOADS: tuple[Workload, ...] = _workloads()
+#: What ``--real`` selects: the real-model workloads, side by side with their anchors.
+REAL_NAMES: tuple[str, ...] = tuple(w.name for w in _real_workloads())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -58,6 +68,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              f"{QUICK_BUDGET_S:.0f} s on an H100")
     parser.add_argument("--only", action="append", metavar="NAME", choices=names,
                         help="run only this workload (repeatable); one of: " + ", ".join(names))
+    parser.add_argument("--real", action="store_true",
+                        help="run the real-model workloads (" + ", ".join(REAL_NAMES) + "; "
+                             "needs torchvision and transformers: pip install "
+                             "'cugraphrt[bench]'), with the --only ones if given")
     parser.add_argument("--json", metavar="PATH", type=Path,
                         help="write the records (a BenchReport) as JSON")
     parser.add_argument("--plot", metavar="PATH.png", type=Path,
@@ -113,13 +127,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("cugraphrt bench: --plot needs matplotlib, which is not installed; install it "
               "with: pip install 'cugraphrt[plot]'", file=sys.stderr)
         return 1
-    selected = [w for w in WORKLOADS if not args.only or w.name in args.only]
+    named = selected_names(args)
+    selected = [w for w in WORKLOADS if not named or w.name in named]
     progress = Progress(len(selected), enabled=not args.no_progress)
-    report = run_workloads(selected, quick=args.quick, progress=progress)
+    report = run_workloads(selected, quick=args.quick, progress=progress, named=named)
     print(render.render_report(report, {w.name: w.description for w in WORKLOADS},
                                quick_budget_s=QUICK_BUDGET_S))
     written = _write_outputs(report, args.json, args.plot)
     return 1 if report.failed or not written else 0
+
+
+def selected_names(args: argparse.Namespace) -> frozenset[str]:
+    """The workloads named by ``--only`` and ``--real``; empty means every workload."""
+    return frozenset(args.only or ()) | frozenset(REAL_NAMES if args.real else ())
 
 
 def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path | None) -> bool:
@@ -144,10 +164,13 @@ def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path 
 
 
 def run_workloads(workloads: Sequence[Workload], *, quick: bool,
-                  progress: Progress | None = None) -> BenchReport:
+                  progress: Progress | None = None,
+                  named: frozenset[str] = frozenset()) -> BenchReport:
     """Run ``workloads`` in order and assemble the report.
 
     A workload that raises keeps the rows it emitted; its error goes into the report.
+    ``named`` are the workloads the command line selected by name (see
+    :attr:`Context.selected`).
     """
     progress = progress or Progress(len(workloads), enabled=False)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -156,7 +179,7 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
     results: list[tuple[Workload, list[Row], str | None]] = []
     for index, workload in enumerate(workloads):
         progress.begin(index, workload.name)
-        ctx = Context(quick=quick, progress=progress.step)
+        ctx = Context(quick=quick, selected=workload.name in named, progress=progress.step)
         error = None
         try:
             workload.run(ctx)

@@ -218,11 +218,15 @@ class Context:
     ----------
     quick : bool
         ``--quick``: fewer repeats, slowest variants skipped.
+    selected : bool
+        The run names this workload (``--only``, ``--real``): ``--quick`` then shortens what
+        it would otherwise skip.
     rows : list of Row
         Rows emitted so far by the current workload.
     """
 
     quick: bool = False
+    selected: bool = False
     progress: Callable[[str], None] = field(default=lambda detail: None)
     rows: list[Row] = field(default_factory=list)
 

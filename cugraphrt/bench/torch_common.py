@@ -1,4 +1,4 @@
-"""Shared pieces of the PyTorch workloads: lazy imports, the models, the hand-written graph.
+"""Shared pieces of the PyTorch workloads: lazy imports, the models, the hand-written graphs.
 
 torch and cugraphrt_torch are imported inside these functions, never at module import, so
 the CuPy workloads and the no-GPU path never pay for (or need) them.
@@ -6,6 +6,7 @@ the CuPy workloads and the no-GPU path never pay for (or need) them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 from time import perf_counter
 
@@ -15,7 +16,8 @@ from .spec import SystemUnavailable, describe, keep
 from .timing import device_sync, host_batch
 
 __all__ = ["torch_module", "adapter_module", "adapter_function", "mlp", "convnet",
-           "release_torch", "HandGraph", "capture_batch", "one_kernel_replay", "WARMUP_ITERS"]
+           "release_torch", "HandGraph", "AdapterGraph", "on_stream", "reserved_growth",
+           "capture_batch", "one_kernel_replay", "WARMUP_ITERS"]
 
 WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
 
@@ -95,26 +97,88 @@ class HandGraph:
     """The hand-written ``torch.cuda.CUDAGraph`` of the PyTorch docs: side-stream warm-up,
     capture, then copy in + replay per call.
 
-    ``pool`` is a handle from ``torch.cuda.graph_pool_handle()`` shared with other graphs
-    (a private pool when None).
+    Parameters
+    ----------
+    torch : module
+    fn : callable
+        A module or function of tensors, captured as ``fn(*samples)`` under the caller's
+        grad mode.
+    *samples : torch.Tensor
+        Cloned into the static inputs.
+    pool : optional
+        A handle from ``torch.cuda.graph_pool_handle()`` shared with other graphs (a private
+        pool when None).
+
+    Attributes
+    ----------
+    static_inputs : tuple of torch.Tensor
+    static_out
+        What ``fn`` returned during capture; every replay overwrites it.
+    graph
+        The captured graph; ``replay()`` runs it on the current stream.
     """
 
-    def __init__(self, torch, model, sample, pool=None) -> None:
-        self.static_in = sample.clone()
+    def __init__(self, torch, fn, *samples, pool=None) -> None:
+        self.static_inputs = tuple(sample.clone() for sample in samples)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(WARMUP_ITERS):
-                model(self.static_in)
+                fn(*self.static_inputs)
         torch.cuda.current_stream().wait_stream(side)
+        self.static_out = self._capture(torch, fn, pool, side)
+
+    def _capture(self, torch, fn, pool, warmed):
+        """Capture ``fn`` on the static inputs into ``self.graph``; return its outputs.
+
+        ``warmed`` is the stream the warm-ups ran on; torch.cuda.graph captures on a stream
+        of its own, as in the PyTorch docs.
+        """
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            self.static_out = model(self.static_in)
+            return fn(*self.static_inputs)
 
-    def __call__(self, x):
-        self.static_in.copy_(x)
+    def __call__(self, *args):
+        for static, value in zip(self.static_inputs, args, strict=True):
+            static.copy_(value)
         self.graph.replay()
         return self.static_out
+
+
+class AdapterGraph(HandGraph):
+    """:class:`HandGraph`'s steps with ``cugraphrt_torch.graph`` in place of
+    ``torch.cuda.graph``: the same warm-ups, a capture into a :class:`cugraphrt.Graph` on the
+    warmed-up stream, then copy in + replay per call.
+
+    ``graph.replay()`` runs on CuPy's current stream: call it inside :func:`on_stream`, so
+    that it follows the copies into the static inputs on torch's current stream.
+    ``pool`` is a :class:`cugraphrt.MemPool` (a private one when None).
+    """
+
+    def _capture(self, torch, fn, pool, warmed):
+        self.graph = cugraphrt.Graph()
+        with adapter_function("graph")(self.graph, pool=pool, stream=warmed):
+            return fn(*self.static_inputs)
+
+
+@contextlib.contextmanager
+def on_stream(torch, stream):
+    """Make ``stream`` (a torch stream) current for torch and for CuPy."""
+    import cupy
+
+    with torch.cuda.stream(stream), cupy.cuda.ExternalStream(stream.cuda_stream):
+        yield
+
+
+def reserved_growth(torch, build):
+    """``(build(), bytes)``: what torch's caching allocator reserved during ``build`` and
+    still holds once its cache is emptied (a torch graph's private pool)."""
+    release_torch(torch)
+    before = torch.cuda.memory_reserved()
+    built = build()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return built, torch.cuda.memory_reserved() - before
 
 
 def capture_batch(torch, prepare, build, grad: bool = False) -> float:

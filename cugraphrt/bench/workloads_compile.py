@@ -15,8 +15,10 @@ import subprocess
 import sys
 import time
 
+from .real_models import LlamaDecoder, equal_steps, missing_package, resnet
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import summarize
+from .torch_common import HandGraph
 
 __all__ = ["HF_DECODE", "RESNET50"]
 
@@ -54,88 +56,28 @@ def _compile(torch, fn, system: str):
     return torch.compile(fn, backend="cugraphrt")
 
 
-class _HandGraph:
-    """``fn`` captured by hand with torch.cuda.CUDAGraph; static inputs copied in."""
-
-    def __init__(self, torch, fn, *args):
-        self.torch, self.static = torch, [a.clone() for a in args]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn(*self.static)
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = fn(*self.static)
-
-    def __call__(self, *args):
-        for static, value in zip(self.static, args, strict=True):
-            static.copy_(value)
-        self.graph.replay()
-        return self.out
-
-
 def _decode_child(torch, system: str) -> dict:
-    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
-
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                         num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
-                         max_position_embeddings=512)
-    model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    prompt = torch.randint(0, config.vocab_size, (1, 16), device="cuda")
-    length = prompt.shape[1] + DECODE_STEPS + 8
-    cache = StaticCache(config=config, max_cache_len=length)
-    positions = torch.arange(length, device="cuda")
-
-    def step(token, position):
-        logits = model(input_ids=token, past_key_values=cache, cache_position=position,
-                       use_cache=True).logits
-        return logits[:, -1].argmax(-1, keepdim=True)
-
-    def generate(run):
-        cache.reset()
-        start = prompt.shape[1]
-        token = model(input_ids=prompt, past_key_values=cache, cache_position=positions[:start],
-                      use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        tokens, marks = [token], []
-        for i in range(DECODE_STEPS):
-            if i in (8, DECODE_STEPS - 1):
-                torch.cuda.synchronize()
-                marks.append(time.perf_counter())
-            # A copy: graph outputs (reduce-overhead's, the hand graph's) are overwritten
-            # by the next step, which reads this token.
-            token = run(token, positions[start + i:start + i + 1]).clone()
-            tokens.append(token)
-        return torch.cat(tokens, 1)[0].tolist(), (marks[1] - marks[0]) / (DECODE_STEPS - 9)
-
+    decoder = LlamaDecoder(torch, DECODE_STEPS)
     with torch.no_grad():
-        generate(step)  # kernels, handles: eager's one-time costs billed to no system
+        # Kernels and handles: eager's one-time costs, billed to no system.
+        decoder.generate(decoder.step)
         begin = time.perf_counter()
-        run = (step if system == "torch_eager" else
-               _HandGraph(torch, step, *_decode_args(torch, prompt, positions))
-               if system == "torch_graph" else _compile(torch, step, system))
-        tokens, _ = generate(run)
+        run = (decoder.step if system == "torch_eager" else
+               HandGraph(torch, decoder.step, *decoder.step_args())
+               if system == "torch_graph" else _compile(torch, decoder.step, system))
+        tokens, _ = decoder.generate(run)
         setup_s = time.perf_counter() - begin
-        steps = [generate(run)[1] for _ in range(_REPEATS)]
+        steps = [decoder.generate(run)[1] for _ in range(_REPEATS)]
     return {"tokens": tokens, "step_s": steps, "setup_s": setup_s}
 
 
-def _decode_args(torch, prompt, positions):
-    return (prompt[:, -1:].clone(), positions[prompt.shape[1]:prompt.shape[1] + 1])
-
-
 def _resnet_child(torch, system: str) -> dict:
-    import torchvision
-
-    torch.manual_seed(0)
-    model = torchvision.models.resnet50(weights=None).cuda().eval()
+    model = resnet(torch, "resnet50").eval()
     inputs = [torch.randn(16, 3, 224, 224, device="cuda") for _ in range(4)]
     with torch.no_grad():
         expected = model(inputs[1]).float()
         begin = time.perf_counter()
-        run = (model if system == "torch_eager" else _HandGraph(torch, model, inputs[0])
+        run = (model if system == "torch_eager" else HandGraph(torch, model, inputs[0])
                if system == "torch_graph" else _compile(torch, model, system))
         for x in inputs[:3]:
             run(x)
@@ -181,7 +123,7 @@ def _run(ctx: Context, workload: str, package: str, systems: tuple[str, ...]) ->
     rows = {name: RowBuilder(name, unit, systems, "torch_graph", "cugraphrt_compile")
             for name, unit in (("step", "us"), ("compile + capture", "s"), ("memory", "MiB"),
                                (_SAME_TOKENS, "steps" if workload == "hf_decode" else "err"))}
-    missing = _missing(package)
+    missing = missing_package("torch", package)
     if ctx.quick or missing:
         for row in rows.values():
             row.unavailable_all(missing or f"skipped in --quick (run --only {workload})")
@@ -224,21 +166,7 @@ def _agreement(result: dict, eager: dict | None) -> float:
         return result["error"]
     if eager is None:
         return 0.0
-    same = 0
-    for a, b in zip(result["tokens"], eager["tokens"], strict=True):
-        if a != b:
-            break
-        same += 1
-    return float(same - 1)  # the first token comes from the eager prefill
-
-
-def _missing(package: str) -> str | None:
-    import importlib.util
-
-    for name in ("torch", package):
-        if importlib.util.find_spec(name) is None:
-            return f"{name} not installed"
-    return None
+    return float(equal_steps(result["tokens"], eager["tokens"]))
 
 
 _TARGETS = (Target("cugraphrt_compile", "torch_graph", 1.05, metric="step"),

@@ -188,7 +188,7 @@ class HandBuckets:
     def __call__(self, x):
         n = x.shape[0]
         hand = self.route[n]
-        static = hand.static_in
+        static = hand.static_inputs[0]
         static[:n].copy_(x)
         if n < static.shape[0]:
             static[n:].zero_()  # the pad rows, as buckets' default pad=0
