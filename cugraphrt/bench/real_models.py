@@ -47,22 +47,32 @@ class LlamaDecoder:
     torch : module
     decode_steps : int
         Steps :meth:`generate` runs; the cache holds the prompt, these steps and 8 more.
+    layers : int
+        Decoder layers.
+    device : str
+        Where the model runs (the bench: ``cuda``).
     """
 
-    def __init__(self, torch, decode_steps: int) -> None:
+    def __init__(self, torch, decode_steps: int, *, layers: int = LLAMA_LAYERS,
+                 device: str = "cuda") -> None:
         from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
         torch.manual_seed(0)
         self.torch = torch
         self.decode_steps = decode_steps
         self.config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                  num_hidden_layers=LLAMA_LAYERS, num_attention_heads=16,
+                                  num_hidden_layers=layers, num_attention_heads=16,
                                   num_key_value_heads=16, max_position_embeddings=512)
-        self.model = LlamaForCausalLM(self.config).to("cuda", torch.bfloat16).eval()
-        self.prompt = torch.randint(0, self.config.vocab_size, (1, 16), device="cuda")
+        self.model = LlamaForCausalLM(self.config).to(device, torch.bfloat16).eval()
+        self.prompt = torch.randint(0, self.config.vocab_size, (1, 16), device=device)
         length = self.prompt.shape[1] + decode_steps + 8
         self.cache = StaticCache(config=self.config, max_cache_len=length)
-        self.positions = torch.arange(length, device="cuda")
+        self.positions = torch.arange(length, device=device)
+
+    def synchronize(self) -> None:
+        """Wait for the model's device."""
+        if self.positions.is_cuda:
+            self.torch.cuda.synchronize()
 
     def step(self, token, position):
         """One greedy decode step: the next token after ``token`` at ``position``."""
@@ -84,7 +94,7 @@ class LlamaDecoder:
         tokens : list of int
             The prefill's token, then one per step.
         seconds : float
-            Wall seconds per step, from step 8 on (the first ones warm clocks up).
+            Wall seconds per step from step 8 on (the first ones warm clocks up).
         """
         torch = self.torch
         self.cache.reset()
@@ -92,16 +102,18 @@ class LlamaDecoder:
         token = self.model(input_ids=self.prompt, past_key_values=self.cache,
                            cache_position=self.positions[:start],
                            use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        tokens, marks = [token], []
-        last = self.decode_steps - 1
+        tokens = [token]
+        warm = min(8, self.decode_steps - 1)
+        begin = 0.0
         for i in range(self.decode_steps):
-            if i in (min(8, last), last):
-                torch.cuda.synchronize()
-                marks.append(time.perf_counter())
+            if i == warm:
+                self.synchronize()
+                begin = time.perf_counter()
             # A copy: graph outputs are overwritten by the next step, which reads this token.
             token = run(token, self.positions[start + i:start + i + 1]).clone()
             tokens.append(token)
-        seconds = (marks[-1] - marks[0]) / max(last - min(8, last), 1)
+        self.synchronize()
+        seconds = (time.perf_counter() - begin) / (self.decode_steps - warm)
         return torch.cat(tokens, 1)[0].tolist(), seconds
 
 

@@ -290,3 +290,28 @@ def test_training_check_times_agreeing_systems_and_fails_a_wrong_one(capsys):
     assert isinstance(step["cugraphrt_torch"], Failed)
     assert "losses differ from eager's" in step["cugraphrt_torch"].message
     assert "cugraphrt_torch failed" in capsys.readouterr().err
+
+
+# -- the Llama decode step on CPU (where transformers is installed) ------------------------
+
+
+def test_llama_decoder_greedy_tokens_match_a_full_sequence_reference():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from cugraphrt.bench.real_models import LlamaDecoder
+
+    decoder = LlamaDecoder(torch, 5, layers=2, device="cpu")
+    with torch.no_grad():
+        tokens, seconds = decoder.generate(decoder.step)
+        # Independent of the StaticCache: the whole sequence again at every step.
+        sequence, expected = decoder.prompt, []
+        for _ in range(6):
+            logits = decoder.model(input_ids=sequence, use_cache=False).logits
+            token = logits[:, -1].argmax(-1, keepdim=True)
+            expected.append(int(token))
+            sequence = torch.cat([sequence, token], 1)
+        again, _ = decoder.generate(decoder.step)  # the cache resets between runs
+    assert tokens == expected == again
+    assert seconds > 0
+    token, position = decoder.step_args(2)
+    assert token.shape == (1, 1) and int(position) == decoder.prompt.shape[1] + 2
