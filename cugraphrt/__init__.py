@@ -16,8 +16,9 @@ from .errors import (
     PoolOutOfMemoryError,
     ReplayError,
 )
+from .graph_context import default_capture_stream, graph
 from .graphed import BucketedFunction, GraphedFunction, make_graphed
-from .graphs import Graph, default_capture_stream, graph
+from .graphs import Graph
 from .options import (
     BucketStat,
     BucketStats,

@@ -10,7 +10,8 @@ import cupy
 from . import _cuda, _tree
 from .buckets import Bucketed, CapturedBucket
 from .errors import OptionsError, ReplayError
-from .graphs import Graph, graph
+from .graph_context import graph
+from .graphs import Graph
 from .options import MakeGraphedOptions, validate_options
 from .pool import MemPool
 

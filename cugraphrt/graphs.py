@@ -1,11 +1,14 @@
-"""Graph: capture CuPy work once, replay it with one launch."""
+"""Graph: capture CuPy work once, replay it with one launch.
+
+The ``with cugraphrt.graph(g):`` block that drives a capture on a side stream lives in
+:mod:`cugraphrt.graph_context`.
+"""
 
 from __future__ import annotations
 
-import threading
 import warnings
 import weakref
-from typing import Literal, cast
+from typing import cast
 
 import cupy
 
@@ -16,7 +19,7 @@ from .errors import CaptureError, OptionsError, ReplayError
 from .options import CaptureOptions, validate_options
 from .pool import MemPool
 
-__all__ = ["Graph", "graph"]
+__all__ = ["Graph"]
 
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
@@ -422,86 +425,3 @@ def _resolve_pool(pool) -> MemPool:
         "pool", pool,
         "a cugraphrt.MemPool (from cugraphrt.graph_pool_handle() or Graph.pool()) or None",
     )
-
-
-_capture_streams = threading.local()
-
-
-def default_capture_stream() -> cupy.cuda.Stream:
-    """This thread's side stream for captures on the current device (created once)."""
-    device = cupy.cuda.runtime.getDevice()
-    streams = getattr(_capture_streams, "by_device", None)
-    if streams is None:
-        streams = _capture_streams.by_device = {}
-    stream = streams.get(device)
-    if stream is None:
-        stream = streams[device] = cupy.cuda.Stream(non_blocking=True)
-    return stream
-
-
-class graph:
-    """Context manager that captures the work of its block into a :class:`Graph`.
-
-    On entry it makes a side stream CuPy's current stream (a per-thread default capture
-    stream unless ``stream`` is given) and begins capture; it does not synchronize (see
-    docs/reliability.md: a device-wide synchronization would break other threads' captures,
-    and nothing runs during a capture anyway). On a
-    normal exit it ends the capture. If the block raises, it ends the capture, discards the
-    graph, releases what the capture allocated, restores the stream and re-raises: an error
-    caused by an operation capture forbids comes out as :class:`CaptureError` chained from
-    the original, anything else unchanged.
-
-    Parameters
-    ----------
-    cuda_graph : Graph
-        The graph to capture into.
-    pool : MemPool, optional
-        Pool to allocate from (see :meth:`Graph.capture_begin`).
-    stream : cupy.cuda.Stream, optional
-        Capture stream; a non-default stream.
-    capture_error_mode : {"global", "thread_local", "relaxed"}
-        See :class:`cugraphrt.options.CaptureOptions`.
-    """
-
-    def __init__(self, cuda_graph: Graph, pool: MemPool | None = None, stream=None,
-                 capture_error_mode: str = "global") -> None:
-        if not isinstance(cuda_graph, Graph):
-            raise OptionsError("cuda_graph", cuda_graph, "a cugraphrt.Graph")
-        validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
-        if stream is not None and not hasattr(stream, "ptr"):
-            raise OptionsError("stream", stream, "a cupy.cuda.Stream or None")
-        self.cuda_graph = cuda_graph
-        self.pool = pool
-        self.capture_error_mode = capture_error_mode
-        self.capture_stream = stream if stream is not None else default_capture_stream()
-
-    def __enter__(self) -> graph:
-        # No device synchronization here: nothing runs during a capture, and replays are
-        # ordered by the stream they are launched on. A device-wide sync would invalidate the
-        # captures of every other thread (whatever their mode).
-        self.capture_stream.__enter__()
-        try:
-            self.cuda_graph.capture_begin(pool=self.pool,
-                                          capture_error_mode=self.capture_error_mode)
-        except BaseException:
-            self.capture_stream.__exit__(None, None, None)
-            raise
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> Literal[False]:
-        capture = self.cuda_graph._capture  # for the error's context, before it is dropped
-        try:
-            if exc is None:
-                try:
-                    self.cuda_graph.capture_end()
-                except BaseException:
-                    self.cuda_graph._abort_capture()  # never leave a capture underway
-                    raise
-                return False
-            self.cuda_graph._abort_capture(exc)
-        finally:
-            self.capture_stream.__exit__(None, None, None)
-        translated = _cuda.capture_error_from(exc, capture)
-        if translated is not None and translated is not exc:
-            raise translated from exc
-        return False

@@ -11,7 +11,8 @@ import torch
 from cugraphrt import _tree
 from cugraphrt import pool as _pool_module
 from cugraphrt.errors import OptionsError, ReplayError
-from cugraphrt.graphs import Graph, default_capture_stream
+from cugraphrt.graph_context import default_capture_stream
+from cugraphrt.graphs import Graph
 from cugraphrt.options import MakeGraphedOptions, validate_options
 from cugraphrt.pool import MemPool
 
