@@ -16,13 +16,21 @@ allocations on ``s`` in the same capture: the captured graph orders work on one 
 not across streams. Each free block carries the stream it was freed on (its *tag*); untagged
 blocks (``None``) may go to any stream. :meth:`BlockArena.settle` drops all tags when a
 capture ends.
+
+Representation. Every array created during a capture takes a block and gives it back, in
+Python, so the hot pair :meth:`BlockArena.take` / :meth:`BlockArena.give` works on plain ints
+and creates no object per block: a free block is one entry in two dicts (start -> (end, tag,
+segment), end -> start; the neighbours a freed block merges with are found by address) and
+one int ``size << 64 | start`` in the sorted list of its tag, so a best-fit search is one
+bisect over ints and ties go to the lower address. Blocks handed out are a dict of start ->
+size. :meth:`BlockArena.allocate` / :meth:`BlockArena.free` wrap the pair in :class:`Block`
+objects for callers outside the hot path.
 """
 
 from __future__ import annotations
 
-import bisect
+from bisect import bisect_left, insort
 from collections.abc import Hashable, Iterator
-from typing import Any
 
 __all__ = ["ALIGNMENT", "Block", "Segment", "BlockArena", "segment_size_for"]
 
@@ -34,6 +42,12 @@ SMALL_REQUEST_BYTES = 1 << 20
 SMALL_SEGMENT_BYTES = 2 << 20
 #: Large segments are rounded up to a multiple of this.
 LARGE_SEGMENT_ROUND_BYTES = 2 << 20
+
+# A free block's key in its sorted list: its size above, its start address below.
+_SHIFT = 64
+_LOW = (1 << _SHIFT) - 1
+
+Tag = Hashable | None
 
 
 def round_up(n: int, multiple: int) -> int:
@@ -51,7 +65,7 @@ def segment_size_for(nbytes: int) -> int:
 class Segment:
     """One allocation from the backing allocator."""
 
-    __slots__ = ("ptr", "size", "small", "owner", "release_when_free", "head", "pins")
+    __slots__ = ("ptr", "size", "small", "owner", "release_when_free", "pins")
 
     def __init__(self, ptr: int, size: int, small: bool, owner: Hashable | None) -> None:
         self.ptr = ptr
@@ -59,28 +73,26 @@ class Segment:
         self.small = small  # serves requests up to SMALL_REQUEST_BYTES only
         self.owner = owner  # token of the capture that made the pool grow
         self.release_when_free = False
-        self.head: Block | None = None
         self.pins = 0  # live pins (graphs whose capture allocated from this segment)
+
+    def __repr__(self) -> str:
+        return f"<Segment 0x{self.ptr:x} {self.size} B pins={self.pins}>"
 
 
 class Block:
-    """A contiguous range of a segment, either handed out or free."""
+    """A block handed out by :meth:`BlockArena.allocate`."""
 
-    __slots__ = ("ptr", "size", "segment", "prev", "next", "is_free", "tag", "owner")
+    __slots__ = ("ptr", "size", "segment", "is_free")
 
     def __init__(self, ptr: int, size: int, segment: Segment) -> None:
         self.ptr = ptr
         self.size = size
         self.segment = segment
-        self.prev: Block | None = None
-        self.next: Block | None = None
-        self.is_free = True
-        self.tag: Hashable | None = None
-        self.owner: Hashable | None = None
+        self.is_free = False
 
     def __repr__(self) -> str:
         state = "free" if self.is_free else "active"
-        return f"<Block 0x{self.ptr:x} {self.size} B {state} tag={self.tag!r}>"
+        return f"<Block 0x{self.ptr:x} {self.size} B {state}>"
 
 
 class BlockArena:
@@ -95,136 +107,161 @@ class BlockArena:
     def __init__(self, backing) -> None:
         self.backing = backing
         self.segments: dict[int, Segment] = {}
-        # (tag, small) -> sorted list of (size, ptr); ptr -> free Block
-        self._free_lists: dict[tuple[Hashable | None, bool], list[tuple[int, int]]] = {}
-        self._free_blocks: dict[int, Block] = {}
+        self._free_at: dict[int, tuple[int, Tag, Segment]] = {}  # start -> (end, tag, segment)
+        self._free_until: dict[int, int] = {}  # end -> start
+        # tag -> sorted keys of the free blocks with that tag, of small and of large segments
+        self._small: dict[Tag, list[int]] = {}
+        self._large: dict[Tag, list[int]] = {}
+        self._active: dict[int, int] = {}  # start -> size of each block handed out
         self.reserved_bytes = 0
         self.active_bytes = 0
         self.peak_active_bytes = 0
-        self.active_blocks = 0
         self.marked_segments = 0  # segments a rolled-back capture left, to go back once free
         self._pins: dict[Hashable, frozenset[Segment]] = {}
 
-    # -- allocation ------------------------------------------------------------------------
+    @property
+    def active_blocks(self) -> int:
+        """Blocks handed out."""
+        return len(self._active)
 
-    def allocate(self, nbytes: int, tag: Hashable | None = None,
-                 owner: Hashable | None = None) -> Block:
+    # -- the hot pair ----------------------------------------------------------------------
+
+    def take(self, nbytes: int, tag: Tag = None,
+             owner: Hashable | None = None) -> tuple[int, int, Segment]:
         """Hand out a block of at least ``nbytes`` usable on stream ``tag``.
 
-        Grows the arena by one segment when no free block fits; the backing allocator's
-        out-of-memory error propagates unchanged, with the arena untouched.
+        Returns ``(ptr, size, segment)``. Grows the arena by one segment (made by ``owner``)
+        when no free block fits; the backing allocator's out-of-memory error propagates
+        unchanged, with the arena untouched.
         """
-        # This runs for every array created during a capture: the best-fit search and the
-        # split are inlined to keep it to a handful of list and dict operations.
         size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
         small = size <= SMALL_REQUEST_BYTES
-        lists = self._free_lists
-        best: tuple[int, int] | None = None
-        best_entries: Any = None  # set together with best
-        best_index: Any = None
-        best_key: Any = None
-        key: tuple[Hashable | None, bool] = (None, small)
-        entries = lists.get(key)
+        lists = self._small if small else self._large
+        wanted = size << _SHIFT
+        best = best_index = 0  # keys are never 0: sizes are at least ALIGNMENT
+        best_tag: Tag = None
+        best_entries: list[int] = []
+        entries = lists.get(None)
         if entries:
-            i = bisect.bisect_left(entries, (size, 0))
+            i = bisect_left(entries, wanted)
             if i < len(entries):
-                best, best_entries, best_index, best_key = entries[i], entries, i, key
+                best, best_entries, best_index = entries[i], entries, i
         if tag is not None:
-            key = (tag, small)
-            entries = lists.get(key)
+            entries = lists.get(tag)
             if entries:
-                i = bisect.bisect_left(entries, (size, 0))
-                if i < len(entries) and (best is None or entries[i] < best):
-                    best, best_entries, best_index, best_key = entries[i], entries, i, key
-        if best is None:
-            block = self._grow(size, small, owner)
+                i = bisect_left(entries, wanted)
+                if i < len(entries) and (not best or entries[i] < best):
+                    best, best_entries, best_index, best_tag = entries[i], entries, i, tag
+        if best:
+            if len(best_entries) > 1:
+                del best_entries[best_index]
+            else:
+                del lists[best_tag]
+            start = best & _LOW
+            end, free_tag, segment = self._free_at.pop(start)
+            del self._free_until[end]
         else:
-            del best_entries[best_index]
-            if not best_entries:
-                del lists[best_key]
-            block = self._free_blocks.pop(best[1])
-        remainder = block.size - size
-        if remainder >= ALIGNMENT:
-            rest = Block(block.ptr + size, remainder, block.segment)
-            rest.tag = block.tag  # the remainder keeps the stream it was freed on
-            rest.prev, rest.next = block, block.next
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = size
-            entries = lists.get((rest.tag, small))
+            segment = self._grow(size, small, owner)
+            start, end, free_tag = segment.ptr, segment.ptr + segment.size, None
+        rest = start + size
+        if rest < end:  # the remainder stays free, with the tag it had
+            self._free_at[rest] = (end, free_tag, segment)
+            self._free_until[end] = rest
+            entries = lists.get(free_tag)
             if entries is None:
-                entries = lists[(rest.tag, small)] = []
-            bisect.insort(entries, (remainder, rest.ptr))
-            self._free_blocks[rest.ptr] = rest
-        block.is_free = False
-        block.tag = None
-        block.owner = owner
-        self.active_bytes += block.size
-        self.active_blocks += 1
+                lists[free_tag] = [(end - rest) << _SHIFT | rest]
+            else:
+                insort(entries, (end - rest) << _SHIFT | rest)
+        self._active[start] = size
+        self.active_bytes += size
         if self.active_bytes > self.peak_active_bytes:
             self.peak_active_bytes = self.active_bytes
-        return block
+        return start, size, segment
 
-    def _grow(self, size: int, small: bool, owner: Hashable | None) -> Block:
+    def give(self, ptr: int, size: int, segment: Segment, tag: Tag = None) -> None:
+        """Take back a block from :meth:`take`; it becomes reusable on stream ``tag`` (any
+        stream if None) and merges with free neighbours of the same tag.
+
+        Raises
+        ------
+        ValueError
+            For a block that is not handed out (a double free).
+        """
+        held = self._active.pop(ptr, None)
+        if held != size:
+            if held is not None:
+                self._active[ptr] = held  # handed out with another size: leave it be
+            raise ValueError(f"double free of the block at 0x{ptr:x} ({size} B, got "
+                             f"{'no block' if held is None else f'a {held} B block'} there)")
+        self.active_bytes -= size
+        lists = self._small if segment.small else self._large
+        free_at, free_until = self._free_at, self._free_until
+        start, end = ptr, ptr + size
+        after = free_at.get(end)
+        if after is not None and after[2] is segment and after[1] == tag:
+            del free_at[end]
+            del free_until[after[0]]
+            _unlist(lists, tag, (after[0] - end) << _SHIFT | end)
+            end = after[0]
+        before = free_until.get(start)
+        if before is not None:
+            _, before_tag, before_segment = free_at[before]
+            if before_segment is segment and before_tag == tag:
+                del free_until[start]
+                _unlist(lists, tag, (start - before) << _SHIFT | before)
+                start = before
+        free_at[start] = (end, tag, segment)
+        free_until[end] = start
+        entries = lists.get(tag)
+        if entries is None:
+            lists[tag] = [(end - start) << _SHIFT | start]
+        else:
+            insort(entries, (end - start) << _SHIFT | start)
+
+    def _grow(self, size: int, small: bool, owner: Hashable | None) -> Segment:
         seg_size = segment_size_for(size)
         ptr = self.backing.malloc(seg_size)
         segment = Segment(ptr, seg_size, small, owner)
-        block = Block(ptr, seg_size, segment)
-        segment.head = block
         self.segments[ptr] = segment
         self.reserved_bytes += seg_size
-        return block
+        return segment
 
-    # -- free ------------------------------------------------------------------------------
+    # -- blocks as objects (outside the hot path) ------------------------------------------
 
-    def free(self, block: Block, tag: Hashable | None = None) -> None:
-        """Take a block back; it becomes reusable on stream ``tag`` (any stream if None)."""
+    def allocate(self, nbytes: int, tag: Tag = None, owner: Hashable | None = None) -> Block:
+        """:meth:`take` as a :class:`Block`."""
+        return Block(*self.take(nbytes, tag, owner))
+
+    def free(self, block: Block, tag: Tag = None) -> None:
+        """:meth:`give` of a :class:`Block`; a second free of it raises ValueError."""
         if block.is_free:
             raise ValueError(f"double free of {block!r}")
-        self.active_bytes -= block.size
-        self.active_blocks -= 1
+        self.give(block.ptr, block.size, block.segment, tag)
         block.is_free = True
-        block.tag = tag
-        block.owner = None
-        block = self._coalesce(block)
-        self._list(block)
 
-    def _coalesce(self, block: Block) -> Block:
-        nxt = block.next
-        if nxt is not None and nxt.is_free and nxt.tag == block.tag:
-            self._unlist(nxt)
-            self._absorb(block, nxt)
-        prev = block.prev
-        if prev is not None and prev.is_free and prev.tag == block.tag:
-            self._unlist(prev)
-            self._absorb(prev, block)
-            block = prev
-        return block
-
-    @staticmethod
-    def _absorb(low: Block, high: Block) -> None:
-        # The lower block survives, so a segment's head never changes.
-        low.size += high.size
-        low.next = high.next
-        if high.next is not None:
-            high.next.prev = low
+    # -- ends of captures ------------------------------------------------------------------
 
     def settle(self) -> None:
         """Drop every stream tag and merge neighbouring free blocks (a capture ended)."""
-        if not any(tag is not None for tag, _ in self._free_lists):
+        if all(tag is None for lists in (self._small, self._large) for tag in lists):
             return
-        self._free_lists = {}
-        self._free_blocks = {}
-        for segment in self.segments.values():
-            block = segment.head
-            while block is not None:
-                if block.is_free:
-                    block.tag = None
-                    while block.next is not None and block.next.is_free:
-                        self._absorb(block, block.next)
-                    self._list(block)
-                block = block.next
+        merged: list[tuple[int, int, Segment]] = []
+        for start in sorted(self._free_at):
+            end, _, segment = self._free_at[start]
+            if merged and merged[-1][1] == start and merged[-1][2] is segment:
+                merged[-1] = (merged[-1][0], end, segment)
+            else:
+                merged.append((start, end, segment))
+        self._free_at, self._free_until = {}, {}
+        self._small, self._large = {}, {}
+        for start, end, segment in merged:
+            self._list(start, end, None, segment)
+
+    def _list(self, start: int, end: int, tag: Tag, segment: Segment) -> None:
+        self._free_at[start] = (end, tag, segment)
+        self._free_until[end] = start
+        lists = self._small if segment.small else self._large
+        insort(lists.setdefault(tag, []), (end - start) << _SHIFT | start)
 
     # -- giving memory back ----------------------------------------------------------------
 
@@ -247,16 +284,18 @@ class BlockArena:
         for segment in list(self.segments.values()):
             if (only_marked and not segment.release_when_free) or segment.pins:
                 continue
-            head = segment.head
-            if head is None or not head.is_free or head.size != segment.size:
+            whole = self._free_at.get(segment.ptr)
+            if whole is None or whole[0] != segment.ptr + segment.size:
                 continue
-            self._unlist(head)
+            del self._free_at[segment.ptr]
+            del self._free_until[whole[0]]
+            _unlist(self._small if segment.small else self._large, whole[1],
+                    segment.size << _SHIFT | segment.ptr)
             if segment.release_when_free:
                 self.marked_segments -= 1
             del self.segments[segment.ptr]
             self.reserved_bytes -= segment.size
             released += segment.size
-            segment.head = None
             self.backing.free(segment.ptr, segment.size)
         return released
 
@@ -290,57 +329,50 @@ class BlockArena:
             if segment.owner == owner:
                 segment.owner = None
 
-    # -- lists -----------------------------------------------------------------------------
-
-    def _list(self, block: Block) -> None:
-        entries = self._free_lists.setdefault((block.tag, block.segment.small), [])
-        bisect.insort(entries, (block.size, block.ptr))
-        self._free_blocks[block.ptr] = block
-
-    def _unlist(self, block: Block) -> None:
-        key = (block.tag, block.segment.small)
-        entries = self._free_lists[key]
-        del entries[bisect.bisect_left(entries, (block.size, block.ptr))]
-        del self._free_blocks[block.ptr]
-        if not entries:
-            del self._free_lists[key]
-
     # -- introspection ---------------------------------------------------------------------
 
-    def blocks(self) -> Iterator[Block]:
-        """Every block, segment by segment, in address order."""
-        for segment in sorted(self.segments.values(), key=lambda s: s.ptr):
-            block = segment.head
-            while block is not None:
-                yield block
-                block = block.next
+    def is_free(self, segment: Segment) -> bool:
+        """Whether the whole segment is one free block."""
+        whole = self._free_at.get(segment.ptr)
+        return whole is not None and whole[0] == segment.ptr + segment.size
+
+    def blocks(self) -> Iterator[tuple[int, int, bool, Tag]]:
+        """Every block as ``(ptr, size, is_free, tag)``, in address order."""
+        spans = [(s, e - s, True, tag) for s, (e, tag, _) in self._free_at.items()]
+        spans += [(s, size, False, None) for s, size in self._active.items()]
+        return iter(sorted(spans))
 
     def check_invariants(self) -> None:
         """Raise AssertionError if the accounts are inconsistent (used by the tests)."""
-        active = free = count = 0
-        for segment in self.segments.values():
-            block, end = segment.head, segment.ptr
-            assert block is not None and block.ptr == segment.ptr, "segment head misplaced"
-            while block is not None:
-                assert block.ptr == end, f"gap or overlap at {block!r}"
-                assert block.size > 0 and block.size % ALIGNMENT == 0, f"bad size {block!r}"
-                assert block.segment is segment, "block in the wrong segment"
-                if block.next is not None:
-                    assert block.next.prev is block, "broken links"
-                if block.is_free:
-                    free += block.size
-                    assert self._free_blocks.get(block.ptr) is block, f"unlisted {block!r}"
-                else:
-                    active += block.size
-                    count += 1
-                end += block.size
-                block = block.next
+        spans = list(self.blocks())
+        for segment in sorted(self.segments.values(), key=lambda s: s.ptr):
+            end, previous = segment.ptr, None
+            inside = [b for b in spans if segment.ptr <= b[0] < segment.ptr + segment.size]
+            for ptr, size, is_free, tag in inside:
+                assert ptr == end, f"gap or overlap at 0x{ptr:x}"
+                assert size > 0 and size % ALIGNMENT == 0, f"bad size {size} at 0x{ptr:x}"
+                if is_free:
+                    assert self._free_at[ptr][2] is segment, "free block in the wrong segment"
+                    assert previous is None or not previous[2] or previous[3] != tag, (
+                        f"free neighbours of one tag left unmerged at 0x{ptr:x}")
+                previous = (ptr, size, is_free, tag)
+                end += size
             assert end == segment.ptr + segment.size, "blocks do not cover the segment"
-        listed = sum(len(v) for v in self._free_lists.values())
-        assert listed == len(self._free_blocks), "free lists and free index disagree"
+        assert sum(b[1] for b in spans) == self.reserved_bytes, "blocks outside the segments"
+        assert all(self._free_until.get(e) == s for s, (e, _, _) in self._free_at.items())
+        assert len(self._free_until) == len(self._free_at), "end index and start index differ"
+        listed = []
+        for lists, small in ((self._small, True), (self._large, False)):
+            for tag, entries in lists.items():
+                assert entries and entries == sorted(entries), "free list empty or unsorted"
+                for key in entries:
+                    end, free_tag, segment = self._free_at[key & _LOW]
+                    assert (free_tag, segment.small) == (tag, small), "block in the wrong list"
+                    assert (key >> _SHIFT) == end - (key & _LOW), "listed size is stale"
+                listed += entries
+        assert len(listed) == len(self._free_at), "free lists and free index disagree"
+        active = sum(self._active.values())
         assert active == self.active_bytes, f"active {active} != {self.active_bytes}"
-        assert count == self.active_blocks, "active block count wrong"
-        assert active + free == self.reserved_bytes, "reserved bytes do not add up"
         assert self.reserved_bytes == sum(s.size for s in self.segments.values())
         assert self.peak_active_bytes >= self.active_bytes
         assert self.marked_segments == sum(s.release_when_free for s in self.segments.values())
@@ -349,3 +381,11 @@ class BlockArena:
             assert segment.pins == holders, f"segment 0x{segment.ptr:x} pin count wrong"
         for pinned in self._pins.values():
             assert all(self.segments.get(s.ptr) is s for s in pinned), "pinned segment gone"
+
+
+def _unlist(lists: dict[Tag, list[int]], tag: Tag, key: int) -> None:
+    entries = lists[tag]
+    if len(entries) > 1:
+        del entries[bisect_left(entries, key)]
+    else:
+        del lists[tag]

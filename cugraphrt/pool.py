@@ -32,7 +32,7 @@ from cupy.cuda import get_current_stream as _get_current_stream
 from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
-from ._blocks import Block, BlockArena
+from ._blocks import Block, BlockArena, Segment
 from ._replay_order import ReplayOrder
 from .backing import (
     BackingOutOfMemoryError,
@@ -184,18 +184,21 @@ class MemPool:
         """Allocate a block for a capture; returns a CuPy MemoryPointer.
 
         This is the allocation path of every array created during a capture, so it is kept
-        short: one lock, one arena call, one set insertion, three small objects.
+        short: one lock, one arena call, one set insertion and two objects (the lease, which
+        is the CuPy memory object itself, and the pointer).
         """
         with self._lock:
             if self._pending_frees:
                 self._drain_pending()
             try:
-                block = self._arena.allocate(nbytes, stream_ptr, token)
+                ptr, size, segment = self._arena.take(nbytes, stream_ptr, token)
             except BackingOutOfMemoryError:
                 raise self._out_of_memory(nbytes) from None
-            self._touched.add(block.segment)
-        return _MemoryPointer(_UnownedMemory(block.ptr, block.size, _Lease(self, block),
-                                             self._device_id), 0)
+            self._touched.add(segment)
+        lease = _Lease(ptr, size, None, self._device_id)
+        lease.pool = self
+        lease.segment = segment
+        return _MemoryPointer(lease, 0)
 
     def _out_of_memory(self, nbytes: int) -> PoolOutOfMemoryError:
         free, total = self._arena.backing.mem_info()
@@ -292,31 +295,37 @@ class MemPool:
                 del self._shared[key]
                 self._arena.free(block)
 
-    def _release_block(self, block) -> None:
+    def _release(self, ptr: int, size: int, segment: Segment) -> None:
         """Called when the last array on a block dies; never raises (runs in finalizers)."""
         tag = None
         if self._capture_token is not None:
             # Freed while a capture into this pool is underway: only later work on the same
             # stream is ordered after the block's last use, so only that stream may reuse it.
-            tag = _current_stream_ptr()
-        self._pending_frees.append((block, tag))
-        if not self._lock.acquire(blocking=False):
+            try:
+                tag = _get_current_stream().ptr
+            except Exception:  # noqa: BLE001 - no device context in this thread
+                tag = -1  # a stream no capture uses: reusable only once the capture ends
+        lock = self._lock
+        if not lock.acquire(False):  # positional: a keyword costs more on every free
             # Another thread holds the lock, or a garbage collection ran inside one of this
             # pool's own operations: the lock holder takes the block back.
+            self._pending_frees.append((ptr, size, segment, tag))
             return
         try:
-            self._drain_pending()
-            self._release_if_idle()
+            if self._pending_frees:
+                self._drain_pending()
+            self._arena.give(ptr, size, segment, tag)
+            if self._capture_token is None:
+                self._release_if_idle()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
         finally:
-            self._lock.release()
+            lock.release()
 
     def _drain_pending(self) -> None:
         pending = self._pending_frees
         while pending:
-            block, tag = pending.pop()
-            self._arena.free(block, tag)
+            self._arena.give(*pending.pop())
 
     def _release_if_idle(self) -> None:
         arena = self._arena
@@ -338,26 +347,23 @@ class MemPool:
             self._order.note(seq, stream_ptr)
 
 
-def _current_stream_ptr() -> int:
-    try:
-        return _get_current_stream().ptr
-    except Exception:  # noqa: BLE001 - no device context in this thread: tag conservatively
-        return -1
+class _Lease(_UnownedMemory):
+    """The CuPy memory of one block handed out: the pool takes the block back when the last
+    array (or view) on it dies.
 
+    Being the memory object itself (not an owner hanging off one) saves an object and a call
+    on every allocation of a capture.
+    """
 
-class _Lease:
-    """Keeps one block handed out while an array (or any of its views) is alive."""
-
-    __slots__ = ("pool", "block")
-
-    def __init__(self, pool: MemPool, block) -> None:
-        self.pool = pool
-        self.block = block
+    __slots__ = ("pool", "segment")
 
     def __del__(self) -> None:
-        pool = self.pool
+        try:
+            pool = self.pool
+        except AttributeError:  # never handed out
+            return
         if pool is not None:
-            pool._release_block(self.block)
+            pool._release(self.ptr, self.size, self.segment)
 
 
 def _release_all(arena: BlockArena) -> None:

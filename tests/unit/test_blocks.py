@@ -50,7 +50,8 @@ def test_free_coalesces_and_segment_goes_back():
         arena.free(block)
         arena.check_invariants()
     segment = next(iter(arena.segments.values()))
-    assert segment.head.is_free and segment.head.size == segment.size
+    assert arena.is_free(segment)
+    assert list(arena.blocks()) == [(segment.ptr, segment.size, True, None)]
     assert arena.release_free_segments() == SMALL_SEGMENT_BYTES
     assert backing.live == {} and arena.reserved_bytes == 0
     arena.check_invariants()
@@ -98,6 +99,47 @@ def test_small_requests_never_carve_large_blocks():
     assert small.segment is not temp.segment and small.segment.small
     again = arena.allocate(32 << 20)
     assert again.ptr == temp.ptr, "a later large request could not reuse the large block"
+    arena.check_invariants()
+
+
+class AdjacentBackingAllocator(FakeBackingAllocator):
+    """Segments back to back, as cudaMalloc may hand them out."""
+
+    def malloc(self, nbytes: int) -> int:
+        ptr = super().malloc(nbytes)
+        self.next_ptr -= 1 << 20  # no gap: the next segment starts where this one ends
+        return ptr
+
+
+def test_free_blocks_never_merge_across_adjacent_segments():
+    backing = AdjacentBackingAllocator()
+    arena = BlockArena(backing)
+    first = arena.allocate(SMALL_SEGMENT_BYTES)  # fills a large segment exactly
+    second = arena.allocate(SMALL_SEGMENT_BYTES)
+    assert second.ptr == first.ptr + SMALL_SEGMENT_BYTES, "the fake must place them adjacent"
+    arena.free(first)
+    arena.free(second)
+    arena.settle()
+    arena.check_invariants()
+    assert all(arena.is_free(s) for s in arena.segments.values())
+    # A merged block would span both segments and serve a request neither can hold.
+    assert arena.allocate(2 * SMALL_SEGMENT_BYTES).segment not in (first.segment,
+                                                                     second.segment)
+    assert arena.release_free_segments() == 2 * SMALL_SEGMENT_BYTES
+    arena.check_invariants()
+
+
+def test_giving_back_a_block_not_handed_out_is_refused():
+    arena = BlockArena(FakeBackingAllocator())
+    ptr, size, segment = arena.take(1000)
+    arena.give(ptr, size, segment)
+    with pytest.raises(ValueError, match="double free"):
+        arena.give(ptr, size, segment)
+    ptr, size, segment = arena.take(1000)
+    with pytest.raises(ValueError, match="double free"):
+        arena.give(ptr, size + ALIGNMENT, segment)  # not the block handed out there
+    arena.check_invariants()  # the refused gives changed nothing
+    arena.give(ptr, size, segment)
     arena.check_invariants()
 
 

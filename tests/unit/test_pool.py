@@ -297,7 +297,7 @@ def test_failed_capture_rolls_back_to_baseline():
     _, alive = capture(pool, [3 << 20, 100, 7 << 20], keep=[1], succeed=False)
     after = pool.stats()
     # The still-referenced array keeps its segment until it dies; everything else is back.
-    alive_segment = alive[0].mem._owner.block.segment
+    alive_segment = alive[0].mem.segment
     assert after.reserved_bytes <= baseline.reserved_bytes + alive_segment.size
     assert after.segments <= baseline.segments + 1
     assert after.live_arrays == baseline.live_arrays + 1
@@ -348,10 +348,10 @@ def test_release_during_pool_operation_is_deferred_not_lost():
     backing = FakeBackingAllocator()
     pool = MemPool(backing=backing, _private=True)
     seq, kept = capture(pool, [4096], keep=[0])
-    block = kept[0].mem._owner.block
+    lease = kept[0].mem
     with pool._lock:  # as if a garbage collection ran inside a pool operation
-        kept[0].mem._owner.pool = None  # detach the lease, release by hand below
-        pool._release_block(block)
+        lease.pool = None  # detach the lease, release by hand below
+        pool._release(lease.ptr, lease.size, lease.segment)
         assert pool._pending_frees, "release should wait for the lock holder"
     assert pool.stats().live_arrays == 0
     pool._remove_graph(seq)
@@ -495,7 +495,7 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
             assert used <= set(backing.live), "a segment a live graph uses went back"
         if private and not graphs:
             # an idle private pool holds exactly the segments its live arrays need
-            assert stats.segments == len({p.mem._owner.block.segment.ptr for p in arrays})
+            assert stats.segments == len({p.mem.segment.ptr for p in arrays})
     arrays.clear()
     for seq in list(graphs):
         pool._remove_graph(seq)

@@ -142,7 +142,7 @@ class PoolModel(RuleBasedStateMachine):
     @invariant()
     def an_idle_private_pool_keeps_only_what_arrays_need(self):
         if self.private and not self.graphs and self.token is None and not self.release_lags:
-            needed = {p.mem._owner.block.segment.ptr for p in self.arrays.values()}
+            needed = {p.mem.segment.ptr for p in self.arrays.values()}
             assert self.pool.stats().segments == len(needed)
 
     def teardown(self):
