@@ -9,10 +9,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-__all__ = ["main", "InfoResult", "collect_info", "NO_GPU_EXIT_CODE"]
+from ._exit_codes import NO_GPU_EXIT_CODE
 
-#: Exit code of every subcommand when no CUDA GPU is available.
-NO_GPU_EXIT_CODE = 2
+__all__ = ["main", "InfoResult", "collect_info", "NO_GPU_EXIT_CODE"]
 
 
 class GpuInfo(BaseModel):
@@ -112,6 +111,8 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, rest: list[str]) -> int:
+    # Imported here: `cugraphrt info` never loads the workloads. The bench does not import
+    # this module (see _exit_codes), so the dependency runs one way.
     from .bench import main as bench_main
 
     return bench_main(rest)

@@ -16,6 +16,9 @@ See ``docs/torch.md`` and ``docs/training.md`` for the design, and ``examples/``
 
 from __future__ import annotations
 
+# The adapter ships in the cugraphrt distribution (pyproject.toml): one version for both.
+from cugraphrt import __version__
+
 from .autograd import make_graphed_callables
 from .bucketed import BucketedModule
 from .capture import graph
@@ -23,6 +26,6 @@ from .dlpack import from_cupy, to_cupy
 from .dynamo import CompileOptions, compile_report, format_compile_report
 from .module import GraphedModule, graph_module
 
-__all__ = ["BucketedModule", "CompileOptions", "GraphedModule", "compile_report",
+__all__ = ["__version__", "BucketedModule", "CompileOptions", "GraphedModule", "compile_report",
            "format_compile_report", "from_cupy", "graph", "graph_module",
            "make_graphed_callables", "to_cupy"]

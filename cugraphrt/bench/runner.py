@@ -20,6 +20,7 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
+from .._exit_codes import NO_GPU_EXIT_CODE
 from . import render
 from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, WorkloadError
 from .spec import Context, Failed, NotAvailable, Row, Workload, describe
@@ -111,8 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 when every workload ran, 1 when one crashed or a system failed (or an output could
         not be written), 2 without a CUDA GPU.
     """
-    from ..cli import NO_GPU_EXIT_CODE
-
     args = parse_args(argv)
     if args.list:
         for workload in WORKLOADS:

@@ -76,6 +76,16 @@ def test_cli_main_bench_quick_without_gpu(monkeypatch, capsys):
                    f"machine with an NVIDIA GPU and its driver\n")
 
 
+def test_versions_line_names_the_adapter_version():
+    pytest.importorskip("torch")
+    import cugraphrt_torch
+
+    import cugraphrt
+
+    versions = runner.collect_versions()  # the adapter is loaded: it gets a version
+    assert versions["cugraphrt_torch"] == cugraphrt_torch.__version__ == cugraphrt.__version__
+
+
 def test_importing_bench_does_not_import_torch():
     code = "import sys, cugraphrt.bench; print('torch' in sys.modules)"
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env_without_gpu(),
