@@ -135,17 +135,14 @@ class BlockArena:
         unchanged, with the arena untouched.
         """
         size = (nbytes + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT if nbytes > 0 else ALIGNMENT
-        small = size <= SMALL_REQUEST_BYTES
-        lists = self._small if small else self._large
+        lists = self._small if size <= SMALL_REQUEST_BYTES else self._large
         wanted = size << _SHIFT
-        best = best_index = 0  # keys are never 0: sizes are at least ALIGNMENT
-        best_tag: Tag = None
-        best_entries: list[int] = []
+        best = 0  # keys are never 0: sizes are at least ALIGNMENT
         entries = lists.get(None)
         if entries:
             i = bisect_left(entries, wanted)
             if i < len(entries):
-                best, best_entries, best_index = entries[i], entries, i
+                best, best_entries, best_index, best_tag = entries[i], entries, i, None
         if tag is not None:
             entries = lists.get(tag)
             if entries:
@@ -161,7 +158,7 @@ class BlockArena:
             end, free_tag, segment = self._free_at.pop(start)
             del self._free_until[end]
         else:
-            segment = self._grow(size, small, owner)
+            segment = self._grow(size, size <= SMALL_REQUEST_BYTES, owner)
             start, end, free_tag = segment.ptr, segment.ptr + segment.size, None
         rest = start + size
         if rest < end:  # the remainder stays free, with the tag it had
