@@ -315,8 +315,7 @@ class MemPool:
             if self._pending_frees:
                 self._drain_pending()
             self._arena.give(ptr, size, segment, tag)
-            if self._capture_token is None:
-                self._release_if_idle()
+            self._release_if_idle()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
         finally:
@@ -348,20 +347,14 @@ class MemPool:
 
 
 class _Lease(_UnownedMemory):
-    """The CuPy memory of one block handed out: the pool takes the block back when the last
-    array (or view) on it dies.
-
-    Being the memory object itself (not an owner hanging off one) saves an object and a call
-    on every allocation of a capture.
-    """
+    """The CuPy memory of one block handed out; the block goes back when the last array (or
+    view) on it dies. The memory object itself, not an owner hanging off one: one object and
+    one call fewer on every allocation of a capture."""
 
     __slots__ = ("pool", "segment")
 
     def __del__(self) -> None:
-        try:
-            pool = self.pool
-        except AttributeError:  # never handed out
-            return
+        pool = getattr(self, "pool", None)  # unset if the lease was never handed out
         if pool is not None:
             pool._release(self.ptr, self.size, self.segment)
 
