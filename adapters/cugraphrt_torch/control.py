@@ -107,16 +107,47 @@ _FRONTEND = _TorchFrontend()
 
 
 class _NoTorchRandom(TorchDispatchMode):
-    """Refuses torch's random operations (tagged ``nondeterministic_seeded``) in loop bodies."""
+    """Refuses torch's random draws in loop bodies.
+
+    Operations that may draw carry the ``nondeterministic_seeded`` tag; those whose dropout
+    is off (attention kernels with ``dropout_p=0``, dropout and RNNs outside training) draw
+    nothing and pass.
+    """
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        kwargs = kwargs or {}
+        if torch.Tag.nondeterministic_seeded in func.tags and draws(func, args, kwargs):
             raise CaptureError(
                 f"torch's CUDA RNG ({func}) inside a cugraphrt_torch.while_loop body would draw "
                 f"the same numbers on every iteration (got a random operation; torch fixes a "
                 f"captured draw's offset when it captures it); draw with cugraphrt.random on "
                 f"cugraphrt_torch.to_cupy views (fresh on every iteration), or outside the loop")
-        return func(*args, **(kwargs or {}))
+        return func(*args, **kwargs)
+
+
+_OFF_WHEN_FALSE = ("train", "training")
+_DROPOUT = ("dropout_p", "dropout")
+
+
+def draws(func, args: tuple, kwargs: dict) -> bool:
+    """Whether a ``nondeterministic_seeded`` operation draws random numbers with these
+    arguments (its schema's defaults filled in)."""
+    values = {}
+    for index, argument in enumerate(func._schema.arguments):
+        if index < len(args) and not argument.kwarg_only:
+            values[argument.name] = args[index]
+        elif argument.name in kwargs:
+            values[argument.name] = kwargs[argument.name]
+        elif argument.has_default_value():
+            values[argument.name] = argument.default_value
+    if any(name in values and not values[name] for name in _OFF_WHEN_FALSE):
+        return False
+    for name in _DROPOUT:
+        if name in values:
+            return float(values[name]) > 0
+    if "dropout" in func.__name__ and "p" in values:  # native_dropout, alpha_dropout, ...
+        return float(values["p"]) > 0
+    return True
 
 
 def _active_capture(what: str) -> Capture | None:

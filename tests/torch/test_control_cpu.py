@@ -30,3 +30,22 @@ def test_predicate_must_be_a_0d_cuda_tensor(pred, got):
             as info:
         cugraphrt_torch.cond(pred, lambda: None)
     assert f"(got {got}" in str(info.value)
+
+
+def test_the_loop_body_guard_refuses_draws_and_passes_what_does_not_draw():
+    from cugraphrt_torch.control import _NoTorchRandom
+
+    F = torch.nn.functional
+    q = torch.randn(1, 2, 8, 16)
+    x = torch.randn(32)
+    lstm = torch.nn.LSTM(16, 8, num_layers=2, dropout=0.3).eval()
+    with _NoTorchRandom():
+        F.scaled_dot_product_attention(q, q, q, is_causal=True)  # dropout_p=0: no draw
+        F.dropout(x, 0.5, training=False)
+        F.dropout(x, 0.0, training=True)
+        lstm(q[0, 0][:, None, :])
+        for draw in (lambda: torch.rand(3), lambda: torch.randn_like(x),
+                     lambda: F.dropout(x, 0.5, training=True), lambda: x.bernoulli(),
+                     lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)):
+            with pytest.raises(CaptureError, match="same numbers on every iteration"):
+                draw()
