@@ -18,7 +18,7 @@ import time
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import summarize
 
-__all__ = ["HF_DECODE", "RESNET50"]
+__all__ = ["HF_DECODE", "RESNET50", "llama"]
 
 # torch_inductor (default mode, no CUDA graphs) shows what Inductor's numerics alone do to
 # the tokens.
@@ -61,7 +61,10 @@ class _HandGraph:
         return self.out
 
 
-def _decode_child(torch, system: str) -> dict:
+def llama(torch, batch: int, prompt_len: int, max_cache_len: int):
+    """The decode workloads' model: a LlamaForCausalLM from a config (12 layers, bf16,
+    random weights from seed 0), random prompts of shape (batch, prompt_len) and a
+    StaticCache of ``max_cache_len`` positions. Returns (config, model, prompt, cache)."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     torch.manual_seed(0)
@@ -69,9 +72,14 @@ def _decode_child(torch, system: str) -> dict:
                          num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
                          max_position_embeddings=512)
     model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
-    prompt = torch.randint(0, config.vocab_size, (1, 16), device="cuda")
-    length = prompt.shape[1] + DECODE_STEPS + 8
-    cache = StaticCache(config=config, max_cache_len=length)
+    prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), device="cuda")
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    return config, model, prompt, cache
+
+
+def _decode_child(torch, system: str) -> dict:
+    length = 16 + DECODE_STEPS + 8
+    _, model, prompt, cache = llama(torch, batch=1, prompt_len=16, max_cache_len=length)
     positions = torch.arange(length, device="cuda")
 
     def step(token, position):

@@ -26,7 +26,8 @@ def test_public_names():
     assert set(cugraphrt_torch.__all__) == {"to_cupy", "from_cupy", "graph", "graph_module",
                                             "GraphedModule", "BucketedModule",
                                             "make_graphed_callables", "CompileOptions",
-                                            "compile_report", "format_compile_report"}
+                                            "compile_report", "format_compile_report",
+                                            "while_loop", "cond"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

@@ -112,8 +112,8 @@ def test_parse_args_rejects_unknown_workload(capsys):
 def test_every_issue_workload_is_registered_in_order():
     names = [w.name for w in runner.WORKLOADS]
     assert names == ["replay", "chain", "cupy_mlp", "torch_infer", "torch_train",
-                     "pool_sharing", "capture_time", "pool_alloc", "serving", "hf_decode",
-                     "resnet50"]
+                     "pool_sharing", "capture_time", "pool_alloc", "serving", "cg_tolerance",
+                     "hf_decode", "resnet50", "decode_until_eos"]
     for workload in runner.WORKLOADS:
         for target in workload.targets:
             assert target.system in workload.systems or target.metric is not None
