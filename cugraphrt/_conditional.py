@@ -128,16 +128,20 @@ def _check(result, call: str):
     return rest[0] if len(rest) == 1 else rest
 
 
-def create_handles(stream_ptr: int, count: int) -> list[int]:
-    """``count`` conditional handles of the graph that ``stream_ptr`` captures into."""
+def create_handles(stream_ptr: int, count: int) -> list:
+    """``count`` conditional handles of the graph that ``stream_ptr`` captures into.
+
+    The handles stay cuda-bindings objects (``add_node`` takes them as they are); ``int()``
+    of one is what the condition kernel gets.
+    """
     driver, get_info, _, _ = _api()
     _, _, graph, *_ = _check(get_info(stream_ptr), "cuStreamGetCaptureInfo")
     ctx = _check(driver.cuStreamGetCtx(stream_ptr), "cuStreamGetCtx")
-    return [int(_check(driver.cuGraphConditionalHandleCreate(graph, ctx, 0, 0),
-                       "cuGraphConditionalHandleCreate")) for _ in range(count)]
+    return [_check(driver.cuGraphConditionalHandleCreate(graph, ctx, 0, 0),
+                   "cuGraphConditionalHandleCreate") for _ in range(count)]
 
 
-def add_node(stream_ptr: int, handle: int, kind: str, bodies: int) -> list[int]:
+def add_node(stream_ptr: int, handle, kind: str, bodies: int) -> list:
     """Add a conditional node after the stream's captured work; returns its body graphs.
 
     ``kind`` is ``"while"`` or ``"if"``; ``bodies`` is 1, or 2 for an IF with an else body.
@@ -159,10 +163,11 @@ def add_node(stream_ptr: int, handle: int, kind: str, bodies: int) -> list[int]:
     node = _check(add(graph, deps, edges, count, params), "cuGraphAddNode")
     flags = driver.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
     _check(update(stream_ptr, [node], None, 1, flags), "cuStreamUpdateCaptureDependencies")
-    return [int(params.conditional.phGraph_out[i]) for i in range(bodies)]
+    # The node owns its bodies: they are destroyed with the graph, never by us.
+    return [params.conditional.phGraph_out[i] for i in range(bodies)]
 
 
-def begin_body(stream_ptr: int, body_graph: int, mode: str) -> int:
+def begin_body(stream_ptr: int, body_graph, mode: str) -> int:
     """Begin capturing into a node's body graph on a body stream; returns the capture id."""
     driver = _bindings()
     modes = driver.CUstreamCaptureMode
@@ -193,16 +198,18 @@ def abandon_body(stream_ptr: int) -> None:
         pass
 
 
-def set_condition(handles: tuple[int, int], pred: cupy.ndarray, count: cupy.ndarray | None,
+def set_condition(handles: tuple, pred: cupy.ndarray, count: cupy.ndarray | None,
                   max_iters: int, start: bool) -> None:
     """Launch the condition kernel on the current stream (captured: it runs on every replay).
 
-    ``handles`` is (handle, else handle or 0). With ``count`` (a 0-d int64 array), the
+    ``handles`` is (handle, else handle or None). With ``count`` (a 0-d int64 array), the
     condition is also false once ``count`` reaches ``max_iters``: ``start`` zeroes the count
     (before a loop), otherwise it is incremented (at the end of each iteration).
     """
     kernel = _kernel(pred.device.id)
-    kernel((1,), (1,), (np.uint64(handles[0]), np.uint64(handles[1]), pred,
+    handle, else_handle = handles
+    kernel((1,), (1,), (np.uint64(int(handle)),
+                        np.uint64(0 if else_handle is None else int(else_handle)), pred,
                         np.int32(pred.itemsize),
                         count if count is not None else np.uint64(_NO_COUNT),
                         np.int64(max_iters), np.int32(1 if start else 0)))
@@ -241,5 +248,8 @@ def body_stream(device_id: int, depth: int) -> cupy.cuda.Stream:
     key = (device_id, depth)
     stream = _body_streams.by_key.get(key)
     if stream is None:
-        stream = _body_streams.by_key[key] = cupy.cuda.Stream(non_blocking=True)
+        # Created while a capture is underway: relaxed, so that no global-mode capture can
+        # take the creation for an unsafe call.
+        with _cuda.relaxed_capture_mode():
+            stream = _body_streams.by_key[key] = cupy.cuda.Stream(non_blocking=True)
     return stream

@@ -194,12 +194,12 @@ def capture_while(capture: _capture.Capture, cond_fn, body_fn, limit: int,
         count = cupy.empty((), dtype=cupy.int64)  # from the capture's pool, like every array
         pred = _predicate(cond_fn(), "cond_fn()", capture)
         (handle,) = _conditional.create_handles(stream_ptr, 1)
-        _conditional.set_condition((handle, 0), pred, count, limit, start=True)
+        _conditional.set_condition((handle, None), pred, count, limit, start=True)
         (body,) = _conditional.add_node(stream_ptr, handle, "while", 1)
         with _body(capture, body, frontend, "while_loop"):
             body_fn()
             pred = _predicate(cond_fn(), "cond_fn()", capture)
-            _conditional.set_condition((handle, 0), pred, count, limit, start=False)
+            _conditional.set_condition((handle, None), pred, count, limit, start=False)
     return count
 
 
@@ -211,7 +211,7 @@ def capture_cond(capture: _capture.Capture, pred: cupy.ndarray, true_fn, false_f
     with _rollback_on_error(capture, frontend, "cond"):
         if false_fn is None or _conditional.if_else_supported():
             (handle,) = _conditional.create_handles(stream_ptr, 1)
-            _conditional.set_condition((handle, 0), pred, None, 0, start=False)
+            _conditional.set_condition((handle, None), pred, None, 0, start=False)
             bodies = _conditional.add_node(stream_ptr, handle, "if",
                                            1 if false_fn is None else 2)
             for body, fn in zip(bodies, (true_fn, false_fn), strict=False):
@@ -268,7 +268,7 @@ _bodies = _Bodies()
 
 
 @contextlib.contextmanager
-def _body(capture: _capture.Capture, graph: int, frontend: Frontend, kind: str) -> Iterator[None]:
+def _body(capture: _capture.Capture, graph, frontend: Frontend, kind: str) -> Iterator[None]:
     """Capture the block into a conditional node's body graph, on a body stream."""
     stack = _bodies.stack
     stream = _conditional.body_stream(capture.device_id, len(stack))

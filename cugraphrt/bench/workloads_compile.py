@@ -61,15 +61,18 @@ class _HandGraph:
         return self.out
 
 
-def llama(torch, batch: int, prompt_len: int, max_cache_len: int):
-    """The decode workloads' model: a LlamaForCausalLM from a config (12 layers, bf16,
-    random weights from seed 0), random prompts of shape (batch, prompt_len) and a
+def llama(torch, batch: int, prompt_len: int, max_cache_len: int, *, layers: int = 12,
+          hidden: int = 1024):
+    """The decode workloads' model: a LlamaForCausalLM from a config (bf16, random weights
+    from seed 0, 64-wide heads), random prompts of shape (batch, prompt_len) and a
     StaticCache of ``max_cache_len`` positions. Returns (config, model, prompt, cache)."""
     from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                         num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=16,
+    heads = hidden // 64
+    config = LlamaConfig(vocab_size=32000, hidden_size=hidden,
+                         intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads,
                          max_position_embeddings=512)
     model = LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
     prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), device="cuda")
