@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from . import _require  # noqa: F401 - first: a clear error without CuPy
 from ._capture import is_current_stream_capturing
+from .control import cond, while_loop
 from .errors import (
     CaptureError,
     CugraphrtError,
@@ -44,7 +45,7 @@ __all__ = [
     "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError", "PoolStats",
     "ReplayError", "__version__", "default_capture_stream", "empty_cache", "graph",
     "graph_pool_handle", "is_current_stream_capturing", "make_graphed", "memory_summary",
-    "pool_checks_enabled", "random", "set_pool_checks",
+    "pool_checks_enabled", "random", "set_pool_checks", "cond", "while_loop",
 ]
 
 

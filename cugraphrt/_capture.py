@@ -22,7 +22,8 @@ from .backing import capture_activity
 from .errors import CaptureError, CugraphrtError, PoolOutOfMemoryError
 from .pool import MemPool
 
-__all__ = ["Capture", "begin", "end", "abort", "current_capture", "is_current_stream_capturing"]
+__all__ = ["Capture", "begin", "end", "abort", "current_capture", "is_current_stream_capturing",
+           "attach_body", "detach_body"]
 
 _get_current_stream = cupy.cuda.get_current_stream
 
@@ -32,7 +33,7 @@ class Capture:
 
     __slots__ = ("stream", "stream_ptr", "capture_id", "pool", "mode", "token", "streams",
                  "finish_hooks", "abort_hooks", "keepalive", "aborted_by", "device_id",
-                 "notes", "__weakref__")
+                 "notes", "body_ids", "__weakref__")
 
     def __init__(self, stream, capture_id: int, pool: MemPool, mode: str, device_id: int,
                  token: object) -> None:
@@ -55,6 +56,9 @@ class Capture:
         # What happened during the capture that may explain a failure later (kernels
         # compiled and loaded during it), for the error message.
         self.notes: list[str] = []
+        # Capture ids of the conditional-node bodies being captured for this capture (see
+        # cugraphrt.control): streams forked inside a body carry those ids.
+        self.body_ids: set[int] = set()
 
 
 class _ThreadCaptures(threading.local):
@@ -96,11 +100,27 @@ def _find_fork(state: _ThreadCaptures, ptr: int) -> Capture | None:
     if status != _cuda.STATUS_ACTIVE:
         return None
     for capture in state.captures:
-        if capture.capture_id == capture_id:
+        if capture.capture_id == capture_id or capture_id in capture.body_ids:
             state.by_stream[ptr] = capture
             capture.streams.add(ptr)
             return capture
     return None
+
+
+def attach_body(capture: Capture, stream_ptr: int, body_id: int) -> None:
+    """Treat a body stream as the capture's own while a conditional node's body is captured
+    on it (with CUDA capture id ``body_id``): its allocations go to the capture's pool."""
+    _tls.by_stream[stream_ptr] = capture
+    capture.streams.add(stream_ptr)
+    capture.body_ids.add(body_id)
+
+
+def detach_body(capture: Capture, stream_ptr: int, body_id: int) -> None:
+    """The body captured on ``stream_ptr`` is complete (or rolled back)."""
+    capture.streams.discard(stream_ptr)
+    capture.body_ids.discard(body_id)
+    if _tls.by_stream.get(stream_ptr) is capture:
+        del _tls.by_stream[stream_ptr]
 
 
 def current_capture() -> Capture | None:

@@ -6,6 +6,8 @@
   CUDA RNG.
 * :func:`graph_module`: a module's inference forward as a replayed graph, or with
   ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
+* :func:`while_loop` / :func:`cond`: loops and branches decided on the device, captured
+  as CUDA conditional nodes (``docs/control-flow.md``).
 * :func:`make_graphed_callables`: forward and backward graphs for training, a drop-in for
   ``torch.cuda.make_graphed_callables`` that accumulates gradients safely.
 * ``torch.compile(model, backend="cugraphrt")``: compiled code replayed as cugraphrt graphs
@@ -22,10 +24,12 @@ from cugraphrt import __version__
 from .autograd import make_graphed_callables
 from .bucketed import BucketedModule
 from .capture import graph
+from .control import cond, while_loop
 from .dlpack import from_cupy, to_cupy
 from .dynamo import CompileOptions, compile_report, format_compile_report
 from .module import GraphedModule, graph_module
 
 __all__ = ["__version__", "BucketedModule", "CompileOptions", "GraphedModule", "compile_report",
+           "cond",
            "format_compile_report", "from_cupy", "graph", "graph_module",
-           "make_graphed_callables", "to_cupy"]
+           "make_graphed_callables", "to_cupy", "while_loop"]

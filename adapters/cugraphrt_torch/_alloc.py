@@ -19,12 +19,13 @@ sharing a cugraphrt pool share torch's cache too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from cugraphrt import _cuda
@@ -32,7 +33,7 @@ from cugraphrt.backing import capture_activity
 from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
-           "allocator", "hold", "sweep_when_safe"]
+           "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool"]
 
 # void* alloc(size_t size, int device, cudaStream_t stream)
 # void free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -72,6 +73,37 @@ def unregister(capture) -> None:
         entry = _underway.get(capture.capture_id)
         if entry is not None and entry.capture is capture:
             del _underway[capture.capture_id]
+
+
+def is_torch_capture(capture) -> bool:
+    """Whether ``capture`` is a torch capture (begun by cugraphrt_torch.graph)."""
+    entry = _underway.get(capture.capture_id)
+    return entry is not None and entry.capture is capture
+
+
+@contextlib.contextmanager
+def body_pool(capture, body_id: int) -> Iterator[None]:
+    """Torch's allocations in a conditional node's body come from the capture's pool.
+
+    Torch routes the allocations of a capture to its graph's MemPool by the CUDA capture id,
+    and a body is captured under an id of its own (see cugraphrt.control). So the body gets a
+    torch MemPool of its own on this thread, built on the same allocator, and the body's
+    capture id is served like the capture's. The MemPool lives as long as the graph (its
+    blocks are the body's memory on every replay).
+    """
+    import torch
+
+    with torch.cuda.device(capture.device_id):
+        mempool = hold(torch.cuda.MemPool(allocator()))
+    capture.keepalive.append(mempool)
+    with _lock:
+        _underway[body_id] = _underway[capture.capture_id]
+    try:
+        with torch.cuda.use_mem_pool(mempool, device=capture.device_id):
+            yield
+    finally:
+        with _lock:
+            _underway.pop(body_id, None)
 
 
 def pool_error(capture) -> BaseException | None:

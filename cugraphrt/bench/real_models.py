@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 import time
 
-__all__ = ["missing_package", "resnet", "LlamaDecoder", "equal_steps", "LLAMA_LAYERS"]
+__all__ = ["missing_package", "resnet", "llama", "LlamaDecoder", "equal_steps", "LLAMA_LAYERS"]
 
 LLAMA_LAYERS = 12
 
@@ -32,6 +32,25 @@ def resnet(torch, name: str):
 
     torch.manual_seed(0)
     return getattr(torchvision.models, name)(weights=None).cuda()
+
+
+def llama(torch, batch: int, prompt_len: int, max_cache_len: int, *,
+          layers: int = LLAMA_LAYERS, hidden: int = 1024, device: str = "cuda"):
+    """A LlamaForCausalLM from a config (bf16, random weights from seed 0, 64-wide heads),
+    random prompts of shape ``(batch, prompt_len)`` and a StaticCache of ``max_cache_len``
+    positions. Returns ``(config, model, prompt, cache)``."""
+    from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
+
+    torch.manual_seed(0)
+    heads = hidden // 64
+    config = LlamaConfig(vocab_size=32000, hidden_size=hidden,
+                         intermediate_size=hidden * 11 // 4, num_hidden_layers=layers,
+                         num_attention_heads=heads, num_key_value_heads=heads,
+                         max_position_embeddings=512)
+    model = LlamaForCausalLM(config).to(device, torch.bfloat16).eval()
+    prompt = torch.randint(0, config.vocab_size, (batch, prompt_len), device=device)
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    return config, model, prompt, cache
 
 
 class LlamaDecoder:
@@ -55,18 +74,11 @@ class LlamaDecoder:
 
     def __init__(self, torch, decode_steps: int, *, layers: int = LLAMA_LAYERS,
                  device: str = "cuda") -> None:
-        from transformers import LlamaConfig, LlamaForCausalLM, StaticCache
-
-        torch.manual_seed(0)
         self.torch = torch
         self.decode_steps = decode_steps
-        self.config = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816,
-                                  num_hidden_layers=layers, num_attention_heads=16,
-                                  num_key_value_heads=16, max_position_embeddings=512)
-        self.model = LlamaForCausalLM(self.config).to(device, torch.bfloat16).eval()
-        self.prompt = torch.randint(0, self.config.vocab_size, (1, 16), device=device)
-        length = self.prompt.shape[1] + decode_steps + 8
-        self.cache = StaticCache(config=self.config, max_cache_len=length)
+        length = 16 + decode_steps + 8
+        self.config, self.model, self.prompt, self.cache = llama(
+            torch, 1, 16, length, layers=layers, device=device)
         self.positions = torch.arange(length, device=device)
 
     def synchronize(self) -> None:

@@ -35,12 +35,14 @@ QUICK_BUDGET_S = 60.0
 
 def _workloads() -> tuple[Workload, ...]:
     from .workloads_compile import HF_DECODE, RESNET50
+    from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
     from .workloads_serving import SERVING
     from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
-            POOL_ALLOC, SERVING, HF_DECODE, RESNET50, *_real_workloads())
+            POOL_ALLOC, SERVING, CG_TOLERANCE, HF_DECODE, RESNET50, DECODE_UNTIL_EOS,
+            *_real_workloads())
 
 
 def _real_workloads() -> tuple[Workload, ...]:

@@ -27,7 +27,7 @@ def test_public_names():
                                             "GraphedModule", "BucketedModule",
                                             "make_graphed_callables", "CompileOptions",
                                             "compile_report", "format_compile_report",
-                                            "__version__"}
+                                            "__version__", "while_loop", "cond"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

@@ -143,7 +143,7 @@ def test_public_namespace():
     for name in ("Graph", "graph", "make_graphed", "MemPool", "graph_pool_handle",
                  "is_current_stream_capturing", "memory_summary", "empty_cache",
                  "set_pool_checks", "CaptureError", "ReplayError", "PoolOutOfMemoryError",
-                 "PoolOrderError", "CugraphrtError", "PoolStats"):
+                 "PoolOrderError", "CugraphrtError", "PoolStats", "while_loop", "cond"):
         assert name in cugraphrt.__all__ and hasattr(cugraphrt, name)
     assert cugraphrt.__version__
 
