@@ -17,6 +17,7 @@ import cupy
 
 import cugraphrt
 
+from .poisson import laplacian
 from .spec import Context, Workload, check_close, cycling
 from .timing import device_sync, gpu_batch, host_batch, single
 from .workloads_cupy import random_array
@@ -29,27 +30,6 @@ SYSTEMS = ("cupy_eager", "cugraphrt", "gpu_floor")
 STEP_METRIC = f"{PER_CALL} {ITERATIONS} it. {GRID}x{GRID}"
 #: The graph replays the eager kernels in the eager order (the reductions included).
 CG_TOL = 1e-5
-
-_LAPLACIAN = cupy.ElementwiseKernel(
-    "raw T p, int32 n", "T out",
-    """
-    const int row = i / n, col = i % n;
-    T value = 4 * p[i];
-    if (row > 0) value -= p[i - n];
-    if (row < n - 1) value -= p[i + n];
-    if (col > 0) value -= p[i - 1];
-    if (col < n - 1) value -= p[i + 1];
-    out = value;
-    """,
-    "cgrt_bench_laplacian")
-
-
-def laplacian(p: cupy.ndarray) -> cupy.ndarray:
-    """The 5-point Laplacian of a square grid ``p`` with zero (Dirichlet) boundaries."""
-    out = cupy.empty_like(p)
-    _LAPLACIAN(p, p.shape[0], out)
-    return out
-
 
 def poisson_cg(b: cupy.ndarray, iterations: int = ITERATIONS) -> cupy.ndarray:
     """``iterations`` steps of conjugate gradients on ``laplacian(x) = b`` from ``x = 0``."""
