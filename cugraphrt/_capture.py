@@ -33,7 +33,7 @@ class Capture:
 
     __slots__ = ("stream", "stream_ptr", "capture_id", "pool", "mode", "token", "streams",
                  "finish_hooks", "abort_hooks", "keepalive", "aborted_by", "device_id",
-                 "notes", "body_ids", "__weakref__")
+                 "notes", "body_ids", "keep_graph_on_abort", "__weakref__")
 
     def __init__(self, stream, capture_id: int, pool: MemPool, mode: str, device_id: int,
                  token: object) -> None:
@@ -53,6 +53,10 @@ class Capture:
         self.keepalive: list[object] = []
         self.aborted_by: BaseException | None = None
         self.device_id = device_id
+        # Set when a conditional-node body's capture was invalidated: cudaGraphDestroy of the
+        # enclosing graph then crashes the process (measured: a segmentation fault on an
+        # H100, driver 580, CUDA 13), so an aborted capture leaks that one graph instead.
+        self.keep_graph_on_abort = False
         # What happened during the capture that may explain a failure later (kernels
         # compiled and loaded during it), for the error message.
         self.notes: list[str] = []
@@ -315,7 +319,7 @@ def abort(capture: Capture, error: BaseException | None = None) -> None:
             hook(capture)
         except Exception:  # noqa: BLE001 - roll back whatever the adapter's clean-up did
             pass
-    _cuda.abandon_capture(capture.stream_ptr)
+    _cuda.abandon_capture(capture.stream_ptr, destroy=not capture.keep_graph_on_abort)
     _clear_host_funcargs(capture)
     _finish(capture, succeeded=False, error=error or CaptureError("capture aborted"))
 

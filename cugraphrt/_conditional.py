@@ -189,13 +189,22 @@ def end_body(stream_ptr: int) -> None:
     _check(driver.cuStreamEndCapture(stream_ptr), "cuStreamEndCapture")
 
 
-def abandon_body(stream_ptr: int) -> None:
-    """End a failed body's capture, whatever state it is in; never raises."""
+def abandon_body(stream_ptr: int) -> bool:
+    """End a failed body's capture, whatever state it is in; never raises.
+
+    Returns whether the body's capture had been invalidated (a host sync, an illegal call in
+    the body) rather than ended cleanly: the enclosing graph must then not be destroyed
+    (see :func:`cugraphrt._capture.abort`).
+    """
     try:
-        if _cuda.capture_info(stream_ptr)[0] != _cuda.STATUS_NONE:
-            _bindings().cuStreamEndCapture(stream_ptr)
+        status = _cuda.capture_info(stream_ptr)[0]
+        if status == _cuda.STATUS_NONE:
+            return False
+        driver = _bindings()
+        err = driver.cuStreamEndCapture(stream_ptr)[0]
+        return status != _cuda.STATUS_ACTIVE or err != driver.CUresult.CUDA_SUCCESS
     except Exception:  # noqa: BLE001 - the enclosing capture is rolled back anyway
-        pass
+        return True
 
 
 def set_condition(handles: tuple, pred: cupy.ndarray, count: cupy.ndarray | None,

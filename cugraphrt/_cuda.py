@@ -301,8 +301,9 @@ def end_capture(stream_ptr: int) -> int:
     return _runtime_call(runtime.streamEndCapture, "cudaStreamEndCapture", stream_ptr)
 
 
-def abandon_capture(stream_ptr: int) -> None:
-    """End a capture that failed and destroy whatever graph it produced; never raises."""
+def abandon_capture(stream_ptr: int, *, destroy: bool = True) -> None:
+    """End a capture that failed and destroy whatever graph it produced (unless ``destroy``
+    is False: see ``Capture.keep_graph_on_abort``); never raises."""
     try:
         status, _ = capture_info(stream_ptr)
     except CugraphrtError:
@@ -313,7 +314,7 @@ def abandon_capture(stream_ptr: int) -> None:
         handle = runtime.streamEndCapture(stream_ptr)
     except runtime.CUDARuntimeError:
         return  # an invalidated capture ends with an error and no graph
-    if handle:
+    if handle and destroy:
         destroy_graph(handle)
 
 

@@ -281,7 +281,8 @@ def _body(capture: _capture.Capture, graph, frontend: Frontend, kind: str) -> It
             yield
         _conditional.end_body(ptr)
     except BaseException:
-        _conditional.abandon_body(ptr)
+        if _conditional.abandon_body(ptr):
+            capture.keep_graph_on_abort = True
         raise
     finally:
         stack.pop()
@@ -301,7 +302,8 @@ def _rollback_on_error(capture: _capture.Capture, frontend: Frontend,
     except BaseException as exc:
         error = _body_error(exc, capture, frontend, kind)
         for _, open_ptr in reversed(_bodies.stack):
-            _conditional.abandon_body(open_ptr)
+            if _conditional.abandon_body(open_ptr):
+                capture.keep_graph_on_abort = True
         _capture.abort(capture, error)
         if error is exc:
             raise

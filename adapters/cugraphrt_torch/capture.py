@@ -249,7 +249,7 @@ class _Session:
     def _on_abort(self, capture) -> None:
         # Read before the finish hooks unregister the capture from the allocator.
         self.pool_error = _alloc.pool_error(capture)
-        self.unwind()
+        self.unwind(destroy=not capture.keep_graph_on_abort)
 
     def error_for(self, exc: BaseException) -> BaseException | None:
         """What the caller sees for ``exc``: a pool error behind a torch OOM, or a CaptureError."""
@@ -257,7 +257,7 @@ class _Session:
             return self.pool_error
         return _errors.capture_error(exc, capture=self.failed)
 
-    def unwind(self) -> None:
+    def unwind(self, destroy: bool = True) -> None:
         """Leave torch as if the capture had never begun; never raises.
 
         Ends whatever capture is active on the stream, begins an empty one and lets torch's
@@ -269,7 +269,7 @@ class _Session:
         ptr = self.stream_ptr
         done = False
         try:
-            _cuda.abandon_capture(ptr)
+            _cuda.abandon_capture(ptr, destroy=destroy)  # False: see keep_graph_on_abort
             _cuda.begin_capture(ptr, "relaxed")
             try:
                 with torch.cuda.stream(self.torch_stream), warnings.catch_warnings():

@@ -27,7 +27,7 @@ from .spec import (
     cycling,
     verify,
 )
-from .timing import gpu_batch, host_batch, single
+from .timing import device_sync, gpu_batch, host_batch, single
 from .torch_common import (
     WARMUP_ITERS,
     AdapterGraph,
@@ -130,6 +130,10 @@ class _Inference:
         ``check(system, call)`` raises unless ``call`` computes what ``eager`` does.
     calls : int
         Calls per timed batch.
+    before_batch : callable
+        Runs before every timed batch and every timed build, outside the clock: a decode
+        step advances the StaticCache's own position counter, which must be rewound before
+        it runs past the cache's end.
     """
 
     metric: str
@@ -138,6 +142,14 @@ class _Inference:
     ours: Callable[[tuple], Any]
     check: Callable[[str, Callable[..., Any]], None]
     calls: int
+    before_batch: Callable[[], None] = device_sync
+
+
+def _prepared(before: Callable[[], None], batch: Callable[[], float]) -> Callable[[], float]:
+    def run() -> float:
+        before()
+        return batch()
+    return run
 
 
 def _apply(fn, args: tuple):
@@ -163,21 +175,22 @@ def _measure_inference(ctx: Context, torch, stream, model: _Inference,
     for system, fn in calls_of.items():
         checked = fn is not None and (system == "torch_eager" or verify(
             per_call, system, functools.partial(model.check, system, fn)))
-        batches[system] = functools.partial(
+        batches[system] = _prepared(model.before_batch, functools.partial(
             host_batch, cycling(functools.partial(_apply, fn), model.inputs), model.calls,
-            include_sync=True) if checked else None
+            include_sync=True)) if checked else None
     if batches["cugraphrt_torch"] is None:
         per_call.unavailable("gpu_floor", "needs the cugraphrt_torch graph")
     else:
-        batches["gpu_floor"] = functools.partial(gpu_batch, ours.graph.replay, model.calls,
-                                                 stream.cuda_stream)
+        batches["gpu_floor"] = _prepared(model.before_batch, functools.partial(
+            gpu_batch, ours.graph.replay, model.calls, stream.cuda_stream))
     ctx.step(f"{model.metric}: measure")
     per_call.measure(batches, ctx.repeats(full=20, quick=5), scale=US)
     del hand, ours, calls_of, batches
     ctx.step(f"{model.metric}: capture time")
     builds = {"torch_graph": lambda _: HandGraph(torch, model.eager, *sample),
               "cugraphrt_torch": lambda _: model.ours(sample)}
-    rows[CAPTURE].measure({system: functools.partial(capture_batch, torch, lambda: None, build)
+    rows[CAPTURE].measure({system: functools.partial(capture_batch, torch, model.before_batch,
+                                                     build)
                            for system, build in builds.items()},
                           ctx.repeats(full=5, quick=2), scale=MS, warmup=1)
 
@@ -247,9 +260,13 @@ def _llama_rows(ctx: Context, torch, rows: dict[str, RowBuilder]) -> None:
                 raise RuntimeError(f"greedy tokens differ from eager's from decode step "
                                    f"{same + 1} of {DECODE_STEPS} on")
 
+        def rewind() -> None:
+            decoder.cache.reset()
+            torch.cuda.synchronize()
+
         model = _Inference(LLAMA_METRIC, decoder.step, inputs,
                            lambda sample: AdapterGraph(torch, decoder.step, *sample),
-                           check, calls=ROTATION)
+                           check, calls=ROTATION, before_batch=rewind)
         _measure_inference(ctx, torch, stream, model, rows)
 
 
