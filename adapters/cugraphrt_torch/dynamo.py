@@ -53,6 +53,12 @@ class CompileOptions(_Frozen):
     copy_outputs : bool
         Return copies of the outputs (the default: outputs stay valid like eager ones). With
         False, a piece returns the tensors its graph writes, which its next call overwrites.
+    eager_numerics : bool
+        Inductor only: keep eager's rounding in low precision. Fused bf16/fp16 kernels then
+        round every intermediate to the storage type where eager's separate kernels do
+        (Inductor's ``emulate_precision_casts``, and eager's rounded division where the torch
+        version has it), so results such as greedy-decoded tokens follow eager's.
+        ``aot_eager`` runs eager's kernels and needs no such setting.
     """
 
     compiler: Literal["inductor", "aot_eager"] = "inductor"
@@ -61,6 +67,7 @@ class CompileOptions(_Frozen):
     max_graphs: int = Field(default=8, ge=1)
     max_rerecords: int = Field(default=3, ge=0)
     copy_outputs: bool = True
+    eager_numerics: bool = False
 
 
 _region_ids = itertools.count()
@@ -99,7 +106,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
                      _fx_inspect.placeholder_names(gm))
     if opts.compiler == "aot_eager":
         return region.compile_aot_eager(gm, example_inputs)
-    return region.compile_inductor(gm, example_inputs)
+    return region.compile_inductor(gm, example_inputs, _inductor_patches(opts.eager_numerics))
 
 
 class _Region:
@@ -114,7 +121,7 @@ class _Region:
         # Inputs of the forward that stay in place: the backward's primals among them too.
         self.forward_static: frozenset[int] = frozenset()
 
-    def compile_inductor(self, gm, example_inputs):
+    def compile_inductor(self, gm, example_inputs, patches: dict):
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
         def inner(graph, inputs, **kwargs):
@@ -125,8 +132,9 @@ class _Region:
 
         # AOTAutograd's cache stores Inductor's output code; a Piece is not one.
         with _no_autograd_cache():
+            # compile_fx applies the patches to the backward's later compilation too.
             return compile_fx(gm, example_inputs, inner_compile=inner,
-                              config_patches={"triton.cudagraphs": False})
+                              config_patches={"triton.cudagraphs": False, **patches})
 
     def compile_aot_eager(self, gm, example_inputs):
         from torch._dynamo.backends.common import aot_autograd
@@ -171,6 +179,19 @@ class _Region:
                 if int(name[8:]) - 1 in self.forward_static:
                     static.append(index)
         return static
+
+
+def _inductor_patches(eager_numerics: bool) -> dict:
+    """Inductor config patches for ``eager_numerics`` (per compilation, not process-wide)."""
+    if not eager_numerics:
+        return {}
+    import torch._inductor.config as inductor_config
+
+    patches: dict = {"emulate_precision_casts": True}
+    # torch >= 2.12 also rounds divisions as eager does; older versions lack the setting.
+    if hasattr(getattr(inductor_config, "eager_numerics", None), "division_rounding"):
+        patches["eager_numerics.division_rounding"] = True
+    return patches
 
 
 def _forward_static(count: int) -> list[int]:

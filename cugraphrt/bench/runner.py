@@ -14,7 +14,7 @@ import importlib.util
 import platform
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
@@ -131,7 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     named = selected_names(args)
     selected = [w for w in WORKLOADS if not named or w.name in named]
     progress = Progress(len(selected), enabled=not args.no_progress)
-    report = run_workloads(selected, quick=args.quick, progress=progress, named=named)
+    # The JSON is rewritten after every workload: a run cut short (a time limit, a kill)
+    # still leaves what it measured.
+    checkpoint = (None if args.json is None else
+                  lambda partial: _write_outputs(partial, args.json, None, quiet=True))
+    report = run_workloads(selected, quick=args.quick, progress=progress, named=named,
+                           checkpoint=checkpoint)
     print(render.render_report(report, {w.name: w.description for w in WORKLOADS},
                                quick_budget_s=QUICK_BUDGET_S))
     written = _write_outputs(report, args.json, args.plot)
@@ -143,13 +148,16 @@ def selected_names(args: argparse.Namespace) -> frozenset[str]:
     return frozenset(args.only or ()) | frozenset(REAL_NAMES if args.real else ())
 
 
-def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path | None) -> bool:
+def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path | None,
+                   quiet: bool = False) -> bool:
     ok = True
     if json_path is not None:
         try:
             json_path.write_text(report.model_dump_json(indent=2) + "\n")
         except OSError as exc:
-            print(f"cugraphrt bench: could not write {json_path} ({exc})", file=sys.stderr)
+            if not quiet:  # the final write reports it
+                print(f"cugraphrt bench: could not write {json_path} ({exc})",
+                      file=sys.stderr)
             ok = False
     if plot_path is not None:
         try:
@@ -166,12 +174,14 @@ def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path 
 
 def run_workloads(workloads: Sequence[Workload], *, quick: bool,
                   progress: Progress | None = None,
-                  named: frozenset[str] = frozenset()) -> BenchReport:
+                  named: frozenset[str] = frozenset(),
+                  checkpoint: Callable[[BenchReport], object] | None = None) -> BenchReport:
     """Run ``workloads`` in order and assemble the report.
 
     A workload that raises keeps the rows it emitted; its error goes into the report.
     ``named`` are the workloads the command line selected by name (see
-    :attr:`Context.selected`).
+    :attr:`Context.selected`). ``checkpoint`` receives the report of the workloads run so
+    far after each one.
     """
     progress = progress or Progress(len(workloads), enabled=False)
     created = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -192,6 +202,10 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
         results.append((workload, ctx.rows, error))
         progress.end("crashed" if error else "done")
         _settle()
+        if checkpoint is not None:
+            checkpoint(build_report(results, workloads, created=created, device=device,
+                                    versions=collect_versions(), quick=quick,
+                                    elapsed_s=perf_counter() - start))
     progress.close()
     return build_report(results, workloads, created=created, device=device,
                         versions=collect_versions(), quick=quick,

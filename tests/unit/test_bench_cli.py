@@ -378,6 +378,30 @@ def test_main_only_selects_and_exits_0(fake_gpu, tmp_path, capsys):
     assert report.targets[0].status == "PASS"
 
 
+def test_json_is_written_after_each_workload_so_a_killed_run_keeps_its_rows(
+        fake_gpu, monkeypatch, tmp_path):
+    path = tmp_path / "report.json"
+    seen = []
+
+    class Killed(BaseException):
+        """What a time limit's signal would do: nothing after it runs."""
+
+    def killing(ctx: Context) -> None:
+        seen.append(BenchReport.model_validate_json(path.read_text()))
+        raise Killed
+
+    workloads = (*_fake_workloads(), Workload("slow", "killed", ("ours", "ref"), "ref", (),
+                                              killing))
+    monkeypatch.setattr(runner, "WORKLOADS", workloads)
+    with pytest.raises(Killed):
+        runner.main(["--json", str(path), "--no-progress"])
+    # On disk: the two workloads that finished, the crash and the target included.
+    report = BenchReport.model_validate_json(path.read_text())
+    assert [(r.workload, r.metric) for r in report.rows] == [("good", "m"), ("bad", "before")]
+    assert report.errors[0].workload == "bad" and report.targets[0].status == "PASS"
+    assert seen[0] == report
+
+
 def test_unwritable_json_path_fails_the_run(fake_gpu, tmp_path, capsys):
     path = tmp_path / "missing-dir" / "report.json"
     assert runner.main(["--only", "good", "--json", str(path), "--no-progress"]) == 1
