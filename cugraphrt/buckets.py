@@ -101,7 +101,12 @@ class Bucketed:
                  dynamic_dim: int | Sequence[int | None], pad: Any, memory_budget: int | None,
                  strict: bool, pool: MemPool | None, copy_outputs: bool,
                  capture: Callable[[tuple], CapturedBucket], eager: Callable[..., Any],
-                 name: str, trim: Callable[[], object] | None = None) -> None:
+                 name: str, trim: Callable[[], object] | None = None,
+                 output_dims: Sequence[int | None] | None = None) -> None:
+        # output_dims: per output leaf, the dimension that carries the dynamic size (None:
+        # never cut), for front ends that know it; otherwise leaves whose dynamic_dim equals
+        # the bucket size are cut.
+        self._output_dims = None if output_dims is None else tuple(output_dims)
         self._ops = ops
         self._capture_fn = capture
         self._trim = trim
@@ -236,6 +241,10 @@ class Bucketed:
         array_type = self._ops.array_type
         dim = self._probe.dim
         leaves, spec, _ = _tree.flatten(outputs)
+        if self._output_dims is not None:
+            return _tree.unflatten(spec, [
+                rows(leaf, at, 0, n) if at is not None and n != size else leaf
+                for leaf, at in zip(leaves, self._output_dims, strict=True)])
         cut = []
         for leaf in leaves:
             if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim

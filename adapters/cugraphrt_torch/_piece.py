@@ -28,6 +28,7 @@ from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 from cugraphrt.graphs import Graph
 from cugraphrt.pool import MemPool
 
+from ._piece_buckets import PieceBuckets
 from .capture import graph as _capture
 
 __all__ = ["Piece", "PieceReport", "PieceSettings", "live_pieces", "shared_pool"]
@@ -54,6 +55,7 @@ class PieceSettings:
     max_rerecords: int
     copy_outputs: bool
     strict: bool
+    buckets: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,10 @@ class PieceReport:
         Recordings redone because a static input moved.
     static_inputs, copied_inputs, mutated_inputs : tuple of str
         Input names read in place, copied in, and written by the graph.
+    buckets : tuple of int
+        The buckets whose graph is held, for a piece served by shape buckets.
+    bucket_note : str or None
+        Why a dynamic piece is not served by buckets although they were asked for.
     """
 
     name: str
@@ -91,6 +97,8 @@ class PieceReport:
     static_inputs: tuple[str, ...]
     copied_inputs: tuple[str, ...]
     mutated_inputs: tuple[str, ...]
+    buckets: tuple[int, ...] = ()
+    bucket_note: str | None = None
 
 
 class _Recording:
@@ -119,7 +127,8 @@ class Piece:
 
     def __init__(self, compiled, *, name: str, compiler: str, names: Sequence[str],
                  static: Sequence[int], mutated: frozenset[int], dynamic: bool,
-                 reason: str | None, settings: PieceSettings) -> None:
+                 reason: str | None, settings: PieceSettings,
+                 buckets: PieceBuckets | None = None, bucket_note: str | None = None) -> None:
         # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
         # whose functools.wraps copies the instance's __dict__, not its class attributes.
         self._boxed_call = True
@@ -139,12 +148,17 @@ class Piece:
         self._replays = 0
         self._rerecords = 0
         self._pool: MemPool | None = None
+        self._buckets = buckets  # serves the sizes its buckets fit; the rest: per shape
+        self._bucket_note = bucket_note
+        self._bucket_warm = 0
         _register(self)
 
     # -- the call path -------------------------------------------------------------------
     def __call__(self, args: list):
         if self._reason is not None:
             return self._fallback(args)
+        if self._buckets is not None and self._buckets.serves(args):
+            return self._bucketed(args)
         key = self._key(args) if self._dynamic else ()
         rec = self._recordings.get(key)
         if rec is None:
@@ -206,29 +220,69 @@ class Piece:
         return self._eager(args)
 
     def _moved(self, key: tuple, rec: _Recording, args: list):
-        index = next(i for i in self._static if args[i].data_ptr() != rec.static_ptrs[i])
-        self._rerecords += 1
-        if self._rerecords <= self._settings.max_rerecords:
+        if self._may_record_again(args, rec.static_ptrs):
             self._recordings.pop(key)
             rec.graph.reset()
             return self._record(key, args)
+        return self._eager(args)
+
+    def _may_record_again(self, args: list, ptrs: list) -> bool:
+        """A static input moved: count a re-recording, or give up (or raise if strict)."""
+        index = next(i for i in self._static if args[i].data_ptr() != ptrs[i])
+        self._rerecords += 1
+        if self._rerecords <= self._settings.max_rerecords:
+            return True
         message = (f"static input '{self._names[index]}' of piece '{self.name}' moved to "
                    f"another address (got 0x{args[index].data_ptr():x}, captured "
-                   f"0x{rec.static_ptrs[index]:x}) after {self._settings.max_rerecords} "
+                   f"0x{ptrs[index]:x}) after {self._settings.max_rerecords} "
                    f"re-recordings; keep static tensors in place (update them with copy_) or "
                    f"raise max_rerecords")
         if self._settings.strict:
             raise ReplayError(message + " (strict=True)")
         self._give_up(message)
         warnings.warn(message + "; running this piece eagerly from now on", UserWarning,
-                      stacklevel=3)
-        return self._eager(args)
+                      stacklevel=4)
+        return False
 
     def _give_up(self, reason: str) -> None:
         self._reason = reason
         recordings, self._recordings = self._recordings, {}
         for rec in recordings.values():
             rec.graph.reset()
+        if self._buckets is not None:
+            self._buckets.release()
+
+    # -- shape buckets (see _piece_buckets) ----------------------------------------------
+    def _bucketed(self, args: list):
+        buckets = self._buckets
+        assert buckets is not None
+        if self._bucket_warm < self._settings.warmup:
+            self._bucket_warm += 1
+            return self._eager(args)
+        ptrs = buckets.static_ptrs
+        if self._static and ptrs and not _same_ptrs(args, ptrs, self._static):
+            if not self._may_record_again(args, ptrs):
+                return self._eager(args)
+            buckets.rebind(args)
+        if self._pool is None:
+            self._pool = shared_pool(_device_of(args))
+        try:
+            outputs = buckets(args, self._pool)
+        except ReplayError:
+            raise  # strict=True: a call the buckets could not serve
+        except CugraphrtError as exc:
+            # A bucket could not be captured: the piece keeps its per-shape recordings.
+            buckets.release()
+            self._buckets = None
+            self._bucket_note = f"a bucket's capture failed: {exc}"
+            if self._settings.strict:
+                raise CaptureError(f"piece '{self.name}': {self._bucket_note} "
+                                   f"(strict=True)") from exc
+            warnings.warn(f"piece '{self.name}' leaves its shape buckets: "
+                          f"{self._bucket_note}", UserWarning, stacklevel=3)
+            return self(args)
+        self._replays += 1
+        return outputs
 
     # -- capture -------------------------------------------------------------------------
     def _record(self, key: tuple, args: list):
@@ -287,13 +341,18 @@ class Piece:
     # -- report --------------------------------------------------------------------------
     def report(self) -> PieceReport:
         """This piece's :class:`PieceReport`."""
+        buckets = self._buckets.captured() if self._buckets is not None else ()
+        copied = self._copied or (tuple(self._names[i] for i in self._buckets.plan.copied)
+                                  if self._buckets is not None else ())
         return PieceReport(
             name=self.name, compiler=self.compiler,
-            graphed=self._reason is None and bool(self._recordings), reason=self._reason,
-            graphs=len(self._recordings), replays=self._replays, rerecords=self._rerecords,
+            graphed=self._reason is None and bool(self._recordings or buckets),
+            reason=self._reason, graphs=len(self._recordings) + len(buckets),
+            replays=self._replays, rerecords=self._rerecords,
             static_inputs=tuple(self._names[i] for i in self._static),
-            copied_inputs=self._copied,
-            mutated_inputs=tuple(self._names[i] for i in sorted(self._mutated)))
+            copied_inputs=copied,
+            mutated_inputs=tuple(self._names[i] for i in sorted(self._mutated)),
+            buckets=buckets, bucket_note=self._bucket_note)
 
 
 def _device_of(inputs: list) -> int:

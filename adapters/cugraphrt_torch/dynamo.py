@@ -19,11 +19,13 @@ import torch
 import torch._guards
 from pydantic import Field
 
+from cugraphrt.buckets import resolve_buckets
 from cugraphrt.errors import OptionsError
 from cugraphrt.options import _Frozen, validate_options
 
 from . import _fx_inspect
 from ._piece import Piece, PieceReport, PieceSettings, live_pieces
+from ._piece_buckets import PieceBuckets, plan_buckets
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
 
@@ -53,6 +55,14 @@ class CompileOptions(_Frozen):
     copy_outputs : bool
         Return copies of the outputs (the default: outputs stay valid like eager ones). With
         False, a piece returns the tensors its graph writes, which its next call overwrites.
+    buckets : "pow2" or list of int, optional
+        Shape buckets for inference pieces compiled with a dynamic size: a call of size
+        ``n`` replays the graph of the smallest bucket ``>= n``, its copied inputs padded
+        (see ``docs/compile.md``). Only for code whose rows do not interact (a batch in
+        inference). Sizes above the largest bucket get a recording each, as without
+        buckets. ``"pow2"``: 1, 2, 4, ... up to ``max_bucket``.
+    max_bucket : int, optional
+        The largest bucket of ``buckets="pow2"`` (required with it, refused without it).
     eager_numerics : bool
         Inductor only: keep eager's rounding in low precision. Fused bf16/fp16 kernels then
         round every intermediate to the storage type where eager's separate kernels do
@@ -67,6 +77,8 @@ class CompileOptions(_Frozen):
     max_graphs: int = Field(default=8, ge=1)
     max_rerecords: int = Field(default=3, ge=0)
     copy_outputs: bool = True
+    buckets: Literal["pow2"] | list[int] | None = None
+    max_bucket: int | None = Field(default=None, ge=1)
     eager_numerics: bool = False
 
 
@@ -101,7 +113,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
     opts = validate_options(CompileOptions, **(options or {}))
     settings = PieceSettings(warmup=opts.warmup, max_graphs=opts.max_graphs,
                              max_rerecords=opts.max_rerecords, copy_outputs=opts.copy_outputs,
-                             strict=opts.strict)
+                             strict=opts.strict, buckets=_bucket_sizes(opts))
     region = _Region(next(_region_ids), opts.compiler, settings,
                      _fx_inspect.placeholder_names(gm))
     if opts.compiler == "aot_eager":
@@ -163,11 +175,21 @@ class _Region:
             self.forward_static = frozenset(static)
         dynamic = any(isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
             isinstance(s, torch.SymInt) for s in v.shape)) for v in inputs)
-        return Piece(compiled, name=f"graph {self.number} {kind}", compiler=self.compiler,
-                     names=names, static=static, mutated=_fx_inspect.mutated_inputs(graph),
-                     dynamic=dynamic,
+        name = f"graph {self.number} {kind}"
+        mutated = _fx_inspect.mutated_inputs(graph)
+        buckets, note = None, None
+        if dynamic and self.settings.buckets is not None:
+            plan = plan_buckets(graph, inputs, static, mutated, kind, names)
+            if isinstance(plan, str):
+                note = plan
+            else:
+                buckets = PieceBuckets(plan, self.settings.buckets, compiled, name=name,
+                                       static=static, strict=self.settings.strict,
+                                       copy_outputs=self.settings.copy_outputs)
+        return Piece(compiled, name=name, compiler=self.compiler, names=names, static=static,
+                     mutated=mutated, dynamic=dynamic,
                      reason=_fx_inspect.uncapturable_reason(graph, inputs, names),
-                     settings=self.settings)
+                     settings=self.settings, buckets=buckets, bucket_note=note)
 
     def _backward_static(self, names: list[str]) -> list[int]:
         # A backward reads the forward's inputs it saved as placeholders primals_<k+1>; only
@@ -179,6 +201,23 @@ class _Region:
                 if int(name[8:]) - 1 in self.forward_static:
                     static.append(index)
         return static
+
+
+def _bucket_sizes(opts: CompileOptions) -> tuple[int, ...] | None:
+    if opts.buckets is None:
+        if opts.max_bucket is not None:
+            raise OptionsError("max_bucket", opts.max_bucket, "None unless buckets='pow2' "
+                               "(it sets the largest power-of-two bucket)")
+        return None
+    if opts.buckets == "pow2":
+        if opts.max_bucket is None:
+            raise OptionsError("max_bucket", None, "the largest bucket (a positive int) with "
+                               "buckets='pow2'")
+        return resolve_buckets("pow2", opts.max_bucket)
+    if opts.max_bucket is not None:
+        raise OptionsError("max_bucket", opts.max_bucket, "None with a list of buckets (the "
+                           "list's last size is the largest)")
+    return resolve_buckets(list(opts.buckets), 1)
 
 
 def _inductor_patches(eager_numerics: bool) -> dict:
@@ -227,6 +266,9 @@ def format_compile_report() -> str:
     lines = [f"{'piece':<24} {'compiler':<10} {'graphed':<8} {'graphs':>6} {'replays':>8} "
              f"{'rerec':>5}  reason"]
     for r in compile_report():
+        reason = r.reason or (f"buckets {list(r.buckets)}" if r.buckets else "")
+        if r.bucket_note:
+            reason = (reason + "; " if reason else "") + f"no buckets: {r.bucket_note}"
         lines.append(f"{r.name:<24} {r.compiler:<10} {str(r.graphed):<8} {r.graphs:>6} "
-                     f"{r.replays:>8} {r.rerecords:>5}  {r.reason or ''}")
+                     f"{r.replays:>8} {r.rerecords:>5}  {reason}")
     return "\n".join(lines)

@@ -138,3 +138,93 @@ def test_strict_raises_for_a_piece_that_cannot_be_captured():
                              options={"compiler": "aot_eager", "strict": True})
     with pytest.raises(cugraphrt.CaptureError, match=r"cannot be captured \(input .* on cpu"):
         compiled(torch.randn(2))
+
+
+# -- shape buckets: options and the plan read off the AOT graph -----------------------------
+
+
+@pytest.mark.parametrize("options, field, match", [
+    ({"buckets": "pow2"}, "max_bucket", "the largest bucket"),
+    ({"buckets": [4, 8], "max_bucket": 8}, "max_bucket", "None with a list"),
+    ({"max_bucket": 8}, "max_bucket", "None unless buckets='pow2'"),
+    ({"buckets": [8, 4]}, "buckets", "strictly increasing"),
+    ({"buckets": [0, 4]}, "buckets", "positive ints"),
+    ({"buckets": "linear"}, "buckets", ""),
+])
+def test_bad_bucket_options_name_the_field(options, field, match):
+    with pytest.raises(cugraphrt.OptionsError, match=f"'{field}'.*{match}"):
+        dynamo.backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.randn(2)],
+                       options=options)
+
+
+def test_bucket_options_resolve_to_sizes():
+    assert dynamo._bucket_sizes(dynamo.CompileOptions(buckets="pow2", max_bucket=24)) == \
+        (1, 2, 4, 8, 16, 24)
+    assert dynamo._bucket_sizes(dynamo.CompileOptions(buckets=[3, 5])) == (3, 5)
+    assert dynamo._bucket_sizes(dynamo.CompileOptions()) is None
+
+
+def _dynamic_plans(fn, *args, dims=(0,), train=False):
+    """plan_buckets of every AOT graph of fn(*args), with dims of args[0] marked dynamic."""
+    from cugraphrt_torch._piece_buckets import plan_buckets
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.aot_autograd import make_boxed_func
+
+    plans = []
+
+    def keep(kind):
+        def compiler(gm, inputs):
+            names = _fx_inspect.placeholder_names(gm)
+            static = dynamo._forward_static(len(inputs)) if kind != "backward" else []
+            plans.append(plan_buckets(gm, inputs, static, _fx_inspect.mutated_inputs(gm),
+                                      kind, names))
+            return make_boxed_func(gm.forward)
+        return compiler
+
+    compiled = torch.compile(fn, backend=aot_autograd(
+        fw_compiler=keep("forward"), bw_compiler=keep("backward"),
+        inference_compiler=keep("inference"), keep_inference_input_mutations=True))
+    for dim in dims:
+        torch._dynamo.mark_dynamic(args[0], dim)
+    with torch.set_grad_enabled(train):
+        out = compiled(*args)
+    if train:
+        out.sum().backward()
+    return plans
+
+
+def test_plan_of_a_batched_mlp_finds_the_batch_in_input_sizes_and_output():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    (plan,) = _dynamic_plans(model, torch.randn(5, 8))
+    assert not isinstance(plan, str), plan
+    assert len(plan.copied) == 1 and plan.dims == (0,)
+    assert [str(expr) for _, expr in plan.sizes] == [str(plan.symbol)]
+    assert plan.output_dims == (0,)
+
+
+def test_plan_cuts_outputs_in_the_dimension_that_carries_the_size():
+    def f(x, table):
+        return (x * 2).transpose(0, 1).contiguous(), table + 1, x.sum(1)
+
+    (plan,) = _dynamic_plans(f, torch.randn(5, 3), torch.randn(4, 3))
+    assert not isinstance(plan, str), plan
+    assert plan.dims == (0, None) and plan.output_dims == (1, None, 0)
+
+
+@pytest.mark.parametrize("fn, dims, why", [
+    (lambda x: x.reshape(-1) * 2, (0,), r"output 0 has a dimension of size 3\*s\d+"),
+    (lambda x: x * 2, (0, 1), "one dynamic size"),
+    (lambda x: x.add_(1) * 2, (0,), r"writes to its inputs \('.*'\)"),
+    (lambda x: (x[:, :1] * 2, x.shape[0] * 2), (0,), r"output 1 is the size 2\*s"),
+])
+def test_plan_refuses_what_padding_would_get_wrong(fn, dims, why):
+    (plan,) = _dynamic_plans(fn, torch.randn(5, 3), dims=dims)
+    assert isinstance(plan, str) and re.search(why, plan), plan
+
+
+def test_plan_refuses_training_pieces():
+    model = torch.nn.Linear(3, 2)
+    plans = _dynamic_plans(model, torch.randn(5, 3), train=True)
+    assert [p.split(":")[0] for p in plans] == [
+        "buckets serve inference pieces only (got a forward piece)",
+        "buckets serve inference pieces only (got a backward piece)"]

@@ -17,7 +17,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 @pytest.mark.parametrize("name", ["torch_inference.py", "train_partial_capture.py",
                                   "train_whole_step.py", "serving_buckets.py",
-                                  "compile_backend.py"])
+                                  "compile_backend.py", "compile_buckets.py"])
 def test_example_runs(name):
     result = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
                             text=True, timeout=300)

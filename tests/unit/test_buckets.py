@@ -180,6 +180,24 @@ def test_outputs_are_views_valid_until_the_next_call():
     assert np.shares_memory(y, bucketed._table[2].entry.outputs[0])
 
 
+def test_output_dims_cut_exactly_the_outputs_named_and_in_their_own_dimension():
+    # An output of 4 rows (a bucket size) that does not carry the batch, and one that
+    # carries it in dimension 1: the default would cut the first and miss the second.
+    def fn(x, w):
+        return (x @ w).T.copy(), w @ np.ones((3, 3))
+
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((4, 3))
+    bucketed, _, _ = make(fn=fn, sample=(rng.standard_normal((8, 4)), w),
+                          output_dims=(1, None))
+    x = rng.standard_normal((3, 4))
+    by_batch, fixed = bucketed(x, w)
+    expected_by_batch, expected_fixed = fn(x, w)
+    assert by_batch.shape == (3, 3) and fixed.shape == (4, 3)
+    np.testing.assert_allclose(by_batch, expected_by_batch)
+    np.testing.assert_allclose(fixed, expected_fixed)
+
+
 def test_copy_outputs_returns_fresh_arrays():
     bucketed, _, (_, w) = make(copy_outputs=True)
     y1, _ = bucketed(np.ones((3, 4)), w)
