@@ -1,0 +1,55 @@
+"""Start a script of this folder under torchrun and collect what its ranks report.
+
+Each script prints ``OK <check> rank=<r>`` for every check that passed on a rank; a rank that
+fails raises, so torchrun exits nonzero and prints the traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+WORLD = 2
+
+
+def device_count() -> int:
+    """CUDA devices torch sees here (0 without torch or CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def skip_unless_gpus(count: int = WORLD):
+    """A mark that skips a test with fewer than ``count`` GPUs (or without torch)."""
+    have = device_count()
+    return pytest.mark.skipif(have < count, reason=f"needs {count} CUDA GPUs and a CUDA build "
+                                                   f"of torch (got {have} GPU(s))")
+
+
+def torchrun(script: str, *args: str, nproc: int = WORLD, timeout: int = 600) -> str:
+    """Run ``script`` on ``nproc`` ranks; returns its stdout (asserting a zero exit)."""
+    env = dict(os.environ)
+    paths = [str(ROOT), str(ROOT / "adapters"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
+        env.pop(name, None)  # a blocking wait cannot be captured (see docs/distributed.md)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc-per-node={nproc}", str(HERE / script), *args]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert done.returncode == 0, (f"{script} failed (exit {done.returncode}):\n"
+                                  f"{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
+    return done.stdout
+
+
+def passed(stdout: str, check: str, nproc: int = WORLD) -> bool:
+    """Whether every rank reported ``check`` as passed."""
+    return all(f"OK {check} rank={r}" in stdout for r in range(nproc))
