@@ -18,20 +18,25 @@ ROOT = HERE.parents[1]
 WORLD = 2
 
 
-def device_count() -> int:
-    """CUDA devices torch sees here (0 without torch or CUDA)."""
+def device_count(library: str = "torch") -> int:
+    """CUDA devices ``library`` (torch or cupy) sees here; 0 without it or without CUDA."""
     try:
-        import torch
-    except ImportError:
+        if library == "torch":
+            import torch
+
+            return torch.cuda.device_count() if torch.cuda.is_available() else 0
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() if cupy.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - not installed, or no driver
         return 0
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def skip_unless_gpus(count: int = WORLD):
-    """A mark that skips a test with fewer than ``count`` GPUs (or without torch)."""
-    have = device_count()
-    return pytest.mark.skipif(have < count, reason=f"needs {count} CUDA GPUs and a CUDA build "
-                                                   f"of torch (got {have} GPU(s))")
+def skip_unless_gpus(count: int = WORLD, library: str = "torch"):
+    """A mark that skips a test with fewer than ``count`` GPUs (or without ``library``)."""
+    have = device_count(library)
+    return pytest.mark.skipif(have < count, reason=f"needs {count} CUDA GPU(s) seen by "
+                                                   f"{library} (got {have})")
 
 
 def torchrun(script: str, *args: str, nproc: int = WORLD, timeout: int = 600) -> str:

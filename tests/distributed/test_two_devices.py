@@ -13,7 +13,7 @@ import pytest
 
 from ._launch import skip_unless_gpus
 
-pytestmark = [pytest.mark.gpu, skip_unless_gpus(2)]
+pytestmark = [pytest.mark.gpu, skip_unless_gpus(2, library="cupy")]
 
 cupy = pytest.importorskip("cupy")
 import cugraphrt  # noqa: E402
