@@ -43,7 +43,7 @@ def _workloads() -> tuple[Workload, ...]:
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, CG_TOLERANCE, HF_DECODE, RESNET50, DECODE_UNTIL_EOS,
-            *_real_workloads(), *_distributed_workloads())
+            *_distributed_workloads(), *_real_workloads())
 
 
 def _real_workloads() -> tuple[Workload, ...]:
