@@ -47,7 +47,7 @@ def torchrun(script: str, *args: str, nproc: int = WORLD, timeout: int = 600) ->
     for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
         env.pop(name, None)  # a blocking wait cannot be captured (see docs/distributed.md)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(HERE / script), *args]
+               f"--nproc-per-node={nproc}", str(HERE / script), *args]  # an absolute script path stays as is
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, (f"{script} failed (exit {done.returncode}):\n"

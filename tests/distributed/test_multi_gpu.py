@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._launch import passed, skip_unless_gpus, torchrun
+from ._launch import ROOT, passed, skip_unless_gpus, torchrun
 
 pytestmark = [pytest.mark.gpu, skip_unless_gpus(2)]
 
@@ -26,3 +26,8 @@ def test_collectives_in_graphs_match_eager_over_100_replays(part):
 @pytest.mark.parametrize("part", ["step", "callables", "ddp_step"])
 def test_graphed_data_parallel_training_equals_eager(part):
     assert passed(torchrun("ddp_training.py", part), part)
+
+
+def test_the_ddp_example_runs():
+    out = torchrun(str(ROOT / "examples" / "distributed_ddp_step.py"))
+    assert "losses equal to eager DDP's" in out

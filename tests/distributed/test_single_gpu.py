@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._launch import passed, skip_unless_gpus, torchrun
+from ._launch import ROOT, passed, skip_unless_gpus, torchrun
 
 pytestmark = [pytest.mark.gpu, skip_unless_gpus(1)]
 
@@ -25,3 +25,8 @@ def test_collectives_in_graphs_one_rank(part):
 @pytest.mark.parametrize("part", ["step", "callables", "ddp_step"])
 def test_graphed_training_one_rank(part):
     assert passed(torchrun("ddp_training.py", part, nproc=1), part, nproc=1)
+
+
+def test_the_ddp_example_runs():
+    out = torchrun(str(ROOT / "examples" / "distributed_ddp_step.py"), nproc=1)
+    assert "losses equal to eager DDP's" in out
