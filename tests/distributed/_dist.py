@@ -39,3 +39,11 @@ def teardown() -> None:
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
+
+
+def run_parts(parts: dict, argv: list[str]) -> None:
+    """Join the group, run the parts named in ``argv`` (all by default), leave the group."""
+    rank, world, device = setup()
+    for name in argv or list(parts):
+        parts[name](rank, world, device)
+    teardown()

@@ -46,8 +46,9 @@ def torchrun(script: str, *args: str, nproc: int = WORLD, timeout: int = 600) ->
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
     for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
         env.pop(name, None)  # a blocking wait cannot be captured (see docs/distributed.md)
+    # A script of this folder by name, or any script by absolute path (HERE / abs is abs).
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(HERE / script), *args]  # an absolute script path stays as is
+               f"--nproc-per-node={nproc}", str(HERE / script), *args]
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout)
     assert done.returncode == 0, (f"{script} failed (exit {done.returncode}):\n"

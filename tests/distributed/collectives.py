@@ -13,7 +13,7 @@ import sys
 import cugraphrt_torch
 import torch
 import torch.distributed as dist
-from _dist import ok, same, setup, teardown
+from _dist import ok, run_parts, same
 from cugraphrt_torch.distributed import capture_stream, check_capture
 
 import cugraphrt
@@ -150,13 +150,6 @@ def part_cupy(rank: int, world: int, device) -> None:
     ok("cupy")
 
 
-def main(parts: list[str]) -> None:
-    rank, world, device = setup()
-    for part in parts or ["graph", "callables", "cupy"]:
-        {"graph": part_graph, "callables": part_callables, "cupy": part_cupy}[part](
-            rank, world, device)
-    teardown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_parts({"graph": part_graph, "callables": part_callables, "cupy": part_cupy},
+              sys.argv[1:])

@@ -21,7 +21,7 @@ import sys
 import cugraphrt_torch
 import torch
 import torch.distributed as dist
-from _dist import ok, same, setup, teardown
+from _dist import ok, run_parts, same
 from cugraphrt_torch.distributed import capture_stream, check_capture
 from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -165,13 +165,6 @@ def part_ddp_step(rank: int, world: int, device) -> None:
     compare(losses_g, losses_e, model_g, model_e, "ddp_step")
 
 
-def main(parts: list[str]) -> None:
-    rank, world, device = setup()
-    for part in parts or ["step", "callables", "ddp_step"]:
-        {"step": part_step, "callables": part_callables, "ddp_step": part_ddp_step}[part](
-            rank, world, device)
-    teardown()
-
-
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    run_parts({"step": part_step, "callables": part_callables, "ddp_step": part_ddp_step},
+              sys.argv[1:])
