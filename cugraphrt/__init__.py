@@ -9,6 +9,7 @@ from __future__ import annotations
 from . import _require  # noqa: F401 - first: a clear error without CuPy
 from ._capture import is_current_stream_capturing
 from .control import cond, while_loop
+from .devices import device_stats
 from .errors import (
     CaptureError,
     CugraphrtError,
@@ -24,6 +25,7 @@ from .options import (
     BucketStat,
     BucketStats,
     CaptureOptions,
+    DeviceStats,
     GeneratorState,
     MakeGraphedOptions,
     PoolStats,
@@ -41,11 +43,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
-    "CugraphrtError", "GeneratorState", "Graph", "GraphedFunction", "MakeGraphedOptions",
-    "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError", "PoolStats",
-    "ReplayError", "__version__", "default_capture_stream", "empty_cache", "graph",
-    "graph_pool_handle", "is_current_stream_capturing", "make_graphed", "memory_summary",
-    "pool_checks_enabled", "random", "set_pool_checks", "cond", "while_loop",
+    "CugraphrtError", "DeviceStats", "GeneratorState", "Graph", "GraphedFunction",
+    "MakeGraphedOptions", "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError",
+    "PoolStats", "ReplayError", "__version__", "default_capture_stream", "device_stats",
+    "empty_cache", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed",
+    "memory_summary", "pool_checks_enabled", "random", "set_pool_checks", "cond", "while_loop",
 ]
 
 

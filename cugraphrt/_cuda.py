@@ -345,6 +345,22 @@ def upload(exec_handle: int, stream_ptr: int) -> None:
     _runtime_call(runtime.graphUpload, "cudaGraphUpload", exec_handle, stream_ptr)
 
 
+_device_count: int | None = None
+
+
+def device_count() -> int:
+    """Number of devices this process sees (read once: CUDA fixes it at initialization)."""
+    global _device_count
+    if _device_count is None:
+        _device_count = int(_runtime_call(runtime.getDeviceCount, "cudaGetDeviceCount"))
+    return _device_count
+
+
+def current_device() -> int:
+    """The calling thread's current device (``cudaGetDevice``)."""
+    return int(runtime.getDevice())
+
+
 def mem_info() -> tuple[int, int]:
     """Free and total bytes of the current device."""
     free, total = _runtime_call(runtime.memGetInfo, "cudaMemGetInfo")

@@ -22,6 +22,8 @@ class GpuInfo(BaseModel):
     compute_capability: str
     total_bytes: int
     free_bytes: int
+    graph_pools: int = 0
+    graph_pool_reserved_bytes: int = 0
 
 
 class InfoResult(BaseModel):
@@ -33,6 +35,7 @@ class InfoResult(BaseModel):
     cuda_driver_version: int | None = None
     gpus: list[GpuInfo] = []
     gpu_error: str | None = None
+    nccl_version: str | None = None
     torch_version: str | None = None
     torch_error: str | None = None
     torch_adapter: str | None = None
@@ -54,18 +57,25 @@ def collect_info() -> InfoResult:
         runtime = cupy.cuda.runtime
         result.cuda_runtime_version = runtime.runtimeGetVersion()
         result.cuda_driver_version = runtime.driverGetVersion()
+        from .devices import device_stats
+
+        pools = {s.device_id: s for s in device_stats()}  # this process's pools, per device
         for index in range(runtime.getDeviceCount()):
             with cupy.cuda.Device(index) as device:
                 props = runtime.getDeviceProperties(index)
                 free, total = runtime.memGetInfo()
                 name = props["name"]
+                mine = pools.get(index)
                 result.gpus.append(GpuInfo(
                     index=index,
                     name=name.decode() if isinstance(name, bytes) else str(name),
                     compute_capability=device.compute_capability,
-                    total_bytes=total, free_bytes=free))
+                    total_bytes=total, free_bytes=free,
+                    graph_pools=mine.pools if mine else 0,
+                    graph_pool_reserved_bytes=mine.reserved_bytes if mine else 0))
     except Exception as exc:  # noqa: BLE001 - any failure here means "no usable GPU"
         result.gpu_error = f"{type(exc).__name__}: {exc}"
+    result.nccl_version = _nccl_version()
     try:
         torch = importlib.import_module("torch")
         result.torch_version = torch.__version__
@@ -80,6 +90,22 @@ def collect_info() -> InfoResult:
     return result
 
 
+def _nccl_version() -> str | None:
+    """NCCL's version as CuPy loads it (``cugraphrt.distributed`` uses it), or None."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # CuPy warns when libnccl is missing: None says it
+            from cupy.cuda import nccl
+        if not nccl.available:
+            return None
+        v = int(nccl.get_version())
+    except Exception:  # noqa: BLE001 - NCCL is optional
+        return None
+    return f"{v // 10000}.{v // 100 % 100}.{v % 100}" if v >= 10000 else str(v)
+
+
 def _render_info(info: InfoResult) -> str:
     lines = [f"cugraphrt     {info.cugraphrt_version}",
              f"CuPy          {info.cupy_version or 'not installed'}"]
@@ -87,9 +113,13 @@ def _render_info(info: InfoResult) -> str:
         lines.append(f"CUDA runtime  {_cuda_version(info.cuda_runtime_version)}")
         lines.append(f"CUDA driver   {_cuda_version(info.cuda_driver_version)}")
     for gpu in info.gpus:
+        pools = (f", {gpu.graph_pools} graph pool(s) reserving "
+                 f"{gpu.graph_pool_reserved_bytes / 2**20:.1f} MiB" if gpu.graph_pools else "")
         lines.append(
             f"GPU {gpu.index}         {gpu.name} (compute capability {gpu.compute_capability}, "
-            f"{gpu.total_bytes / 2**30:.1f} GiB, {gpu.free_bytes / 2**30:.1f} GiB free)")
+            f"{gpu.total_bytes / 2**30:.1f} GiB, {gpu.free_bytes / 2**30:.1f} GiB free{pools})")
+    if info.nccl_version is not None:
+        lines.append(f"NCCL          {info.nccl_version}")
     if info.torch_version is not None:
         lines.append(f"torch         {info.torch_version}")
         lines.append(f"torch adapter {info.torch_adapter}")

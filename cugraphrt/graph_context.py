@@ -13,6 +13,7 @@ from typing import Literal
 import cupy
 
 from . import _cuda
+from .devices import check_capture_stream
 from .errors import OptionsError
 from .graphs import Graph
 from .options import CaptureOptions, validate_options
@@ -73,6 +74,7 @@ class graph:
         self.capture_stream = stream if stream is not None else default_capture_stream()
 
     def __enter__(self) -> graph:
+        check_capture_stream(self.capture_stream, cupy.cuda.runtime.getDevice())
         # No device synchronization here: nothing runs during a capture, and replays are
         # ordered by the stream they are launched on. A device-wide sync would invalidate the
         # captures of every other thread (whatever their mode).

@@ -8,6 +8,8 @@ from typing import Any
 import cupy
 
 from . import _cuda, _tree
+from . import graphs as _graphs
+from .backing import _on_device
 from .buckets import Bucketed, CapturedBucket
 from .errors import OptionsError, ReplayError
 from .graph_context import graph
@@ -170,8 +172,13 @@ class GraphedFunction:
                 self._constants.append((index, leaf, path))
         self._out_leaves, self._out_spec, _ = _tree.flatten(outputs)
         self._replay = cuda_graph.replay
+        self._device = cuda_graph._device
 
     def __call__(self, *args: Any) -> Any:
+        if _graphs._multi_device and _cuda.current_device() != self._device:
+            # Copies and replay on the graph's device, ordered on its current stream.
+            with _on_device(self._device):
+                return self(*args)
         if self._flat and len(args) == self._num_leaves:
             leaves: Sequence[Any] = args
         else:
@@ -294,12 +301,16 @@ class BucketedFunction(Bucketed):
         _check_devices(sample_args)
         self.__wrapped__ = fn
         name = getattr(fn, "__name__", type(fn).__name__)
+        # Buckets are captured on first use: on the samples' device, whatever is current.
+        self._device = cupy.cuda.runtime.getDevice()
+        _graphs._note_devices()
 
         def capture(args: tuple) -> CapturedBucket:
-            _warm_up(fn, args, num_warmup_iters)
-            cuda_graph = Graph()
-            with graph(cuda_graph, pool=self.pool):
-                outputs = fn(*args)
+            with _on_device(self._device):  # capture_all() may run under another device
+                _warm_up(fn, args, num_warmup_iters)
+                cuda_graph = Graph()
+                with graph(cuda_graph, pool=self.pool):
+                    outputs = fn(*args)
             # The bucket graphs of one pool may replay in any order (see cugraphrt.buckets):
             # launch directly, past the pool-order checks.
             exec_handle = cuda_graph.raw_graph_exec
@@ -310,3 +321,9 @@ class BucketedFunction(Bucketed):
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
                          strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
                          eager=fn, name=name)
+
+    def __call__(self, *args: Any) -> Any:
+        if _graphs._multi_device and _cuda.current_device() != self._device:
+            with _on_device(self._device):
+                return super().__call__(*args)
+        return super().__call__(*args)

@@ -14,7 +14,8 @@ import cupy
 
 from . import _capture, _cuda, _libs
 from . import pool as _pool_module
-from .backing import capture_activity
+from .backing import _on_device, capture_activity
+from .devices import stream_device
 from .errors import CaptureError, OptionsError, ReplayError
 from .options import CaptureOptions, validate_options
 from .pool import MemPool
@@ -23,14 +24,27 @@ __all__ = ["Graph"]
 
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
-# The replay path tests this module global rather than the pool module's attribute: one
-# lookup fewer on every replay.
-_checks_enabled = _pool_module.pool_checks_enabled()
+# The replay path tests one module global, _checks_enabled, rather than the pool module's
+# attribute: one lookup fewer on every replay. It is on when either check is: the pool-order
+# checks, or the device check, which only a process that sees several devices needs (there
+# another device may be current when a graph replays; with one device none can).
+_pool_checks = _pool_module.pool_checks_enabled()
+_multi_device = False
+_checks_enabled = _pool_checks
 
 
 def _set_checks_enabled(enabled: bool) -> None:
-    global _checks_enabled
-    _checks_enabled = enabled
+    global _pool_checks, _checks_enabled
+    _pool_checks = enabled
+    _checks_enabled = enabled or _multi_device
+
+
+def _note_devices() -> None:
+    """After a capture: turn the device check on if this process sees several devices."""
+    global _multi_device, _checks_enabled
+    if not _multi_device and _cuda.device_count() > 1:
+        _multi_device = True
+        _checks_enabled = True
 
 
 _pool_module._check_listeners.append(_set_checks_enabled)
@@ -109,6 +123,7 @@ class Graph:
         self._captured = False
         self._exec: int | None = None  # mirrors _handles.exec; None makes replay fail fast
         self._orphan_guard: weakref.finalize | None = None
+        self._device = -1  # the device of the capture; -1 before the first one
 
     # -- capture ---------------------------------------------------------------------------
 
@@ -151,6 +166,8 @@ class Graph:
         capture = _capture.begin(chosen, mode, prepare=_libs.prepare_capture, start=start)
         self._capture = capture
         self._pool = chosen
+        self._device = capture.device_id
+        _note_devices()
         # A Graph dropped in the middle of its capture (capture_begin() without a matching
         # capture_end()) must not leave the stream capturing and the pool reserved forever.
         orphan_guard = weakref.finalize(self, _capture.abort, capture, CaptureError(
@@ -246,15 +263,21 @@ class Graph:
     def replay(self, stream=None) -> None:
         """Launch the graph.
 
+        The graph runs on the device it was captured on, whatever device is current: with
+        another device current, the launch switches to the graph's device and back (as
+        ``torch.cuda.CUDAGraph.replay`` does), and ``stream=None`` means CuPy's current
+        stream *of the graph's device*.
+
         Parameters
         ----------
         stream : cupy.cuda.Stream, optional
-            Any stream; CuPy's current stream by default.
+            A stream of the graph's device; CuPy's current stream by default.
 
         Raises
         ------
         ReplayError
-            Before a successful capture or after :meth:`reset`.
+            Before a successful capture or after :meth:`reset`, and for a stream of another
+            device.
         """
         if _checks_enabled:
             return self._replay_checked(stream)
@@ -270,8 +293,19 @@ class Graph:
         _launch(self._ready_exec("replay()"), ptr)
 
     def _replay_checked(self, stream) -> None:
-        ptr = _stream_ptr(stream)
         exec_handle = self._ready_exec("replay()")
+        device = self._device
+        if _multi_device and _cuda.current_device() != device:
+            with _on_device(device):
+                self._launch_checked(exec_handle, stream, device)
+        else:
+            self._launch_checked(exec_handle, stream, device)
+
+    def _launch_checked(self, exec_handle: int, stream, device: int) -> None:
+        ptr = _stream_ptr(stream, device)
+        if not _pool_checks:
+            _launch(exec_handle, ptr)
+            return
         handles = self._handles
         pool = cast(MemPool, handles.pool)  # the checked replay is chosen only with a pool
         pool._check_replay(handles.seq, ptr)
@@ -329,7 +363,8 @@ class Graph:
             _cuda.destroy_exec(handles.exec)
             handles.exec = 0
             self._exec = None
-        handles.exec = _cuda.instantiate(handles.graph)
+        with _on_device(self._device):  # the executable belongs to the graph's context
+            handles.exec = _cuda.instantiate(handles.graph)
         self._exec = handles.exec
 
     # -- lifetime --------------------------------------------------------------------------
@@ -346,6 +381,11 @@ class Graph:
         self._captured = False
         self._exec = None
         self._pool = None
+
+    @property
+    def device_id(self) -> int | None:
+        """The device the graph was captured on (None before the first capture)."""
+        return self._device if self._device >= 0 else None
 
     def pool(self) -> MemPool | None:
         """The pool this Graph's capture allocated from (None before capture_begin()).
@@ -404,16 +444,29 @@ class Graph:
         return f"<cugraphrt.Graph {state} pool={pool.id if pool else None}>"
 
 
-def _stream_ptr(stream) -> int:
+def _stream_ptr(stream, device: int = -1) -> int:
+    """The handle of ``stream`` (CuPy's current stream of ``device`` for None).
+
+    A CuPy stream made on another device than ``device`` (>= 0) raises ReplayError; the
+    null and per-thread streams (``device_id`` -1) follow the current device, and int
+    handles are taken as given.
+    """
     if stream is None:
-        return _current_stream().ptr
+        return _current_stream(device).ptr
     if isinstance(stream, int):
         return stream
     try:
-        return stream.ptr
+        ptr = stream.ptr
     except AttributeError:
         raise OptionsError("stream", stream, "a cupy.cuda.Stream (anything with .ptr), an "
                            "int handle, or None for the current stream") from None
+    owner = stream_device(stream)
+    if device >= 0 and owner >= 0 and owner != device:
+        raise ReplayError(
+            f"the replay stream belongs to device {owner} (got a graph captured on device "
+            f"{device}); replay on a stream of device {device}, or capture the work again "
+            f"on device {owner}")
+    return ptr
 
 
 def _resolve_pool(pool) -> MemPool:

@@ -19,6 +19,7 @@ __all__ = [
     "CaptureOptions",
     "MakeGraphedOptions",
     "PoolStats",
+    "DeviceStats",
     "GeneratorState",
     "BucketStat",
     "BucketStats",
@@ -94,6 +95,30 @@ class PoolStats(_Frozen):
     reserved_bytes: int = Field(ge=0)
     active_bytes: int = Field(ge=0)
     peak_active_bytes: int = Field(ge=0)
+    segments: int = Field(ge=0)
+    live_graphs: int = Field(ge=0)
+    live_arrays: int = Field(ge=0)
+
+
+class DeviceStats(_Frozen):
+    """The graph memory pools of one device, summed (see :func:`cugraphrt.device_stats`).
+
+    Attributes
+    ----------
+    device_id : int
+        The device.
+    pools : int
+        Live pools allocating on it.
+    reserved_bytes, active_bytes : int
+        Sums of the pools' ``reserved_bytes`` and ``active_bytes``.
+    segments, live_graphs, live_arrays : int
+        Sums of the pools' counts.
+    """
+
+    device_id: int = Field(ge=0)
+    pools: int = Field(ge=0)
+    reserved_bytes: int = Field(ge=0)
+    active_bytes: int = Field(ge=0)
     segments: int = Field(ge=0)
     live_graphs: int = Field(ge=0)
     live_arrays: int = Field(ge=0)

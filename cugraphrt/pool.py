@@ -62,7 +62,8 @@ class MemPool:
     ----------
     device : int, optional
         Device to allocate on; defaults to the current CuPy device (or to the backing
-        allocator's device when ``backing`` is given).
+        allocator's device when ``backing`` is given). Only captures on this device can
+        use the pool.
     backing : BackingAllocator, optional
         Where segments come from; defaults to :class:`cugraphrt.backing.CudaBackingAllocator`.
 
@@ -76,11 +77,9 @@ class MemPool:
 
     def __init__(self, device: int | None = None, *, backing=None, _private: bool = False):
         if backing is None:
-            if device is None:
-                from cupy_backends.cuda.api import runtime
+            from .devices import resolve_device
 
-                device = runtime.getDevice()
-            backing = CudaBackingAllocator(device)
+            backing = CudaBackingAllocator(resolve_device(device))
         else:
             check_backing(backing)
         self._id = next(_pool_ids)
@@ -376,19 +375,30 @@ def graph_pool_handle(device: int | None = None) -> MemPool:
     Parameters
     ----------
     device : int, optional
-        Defaults to the current device.
+        Defaults to the current device. Only captures on this device can use the pool:
+        a multi-GPU process needs one pool per device.
 
     Returns
     -------
     MemPool
         Pass it as ``pool=`` to several captures whose graphs always replay in the order
         they were captured; they then reserve about the memory of the largest one.
+
+    Raises
+    ------
+    OptionsError
+        When ``device`` is not an int from 0 to the device count - 1.
     """
     return MemPool(device)
 
 
-def memory_summary() -> str:
+def memory_summary(device: int | None = None) -> str:
     """A table of every live graph memory pool, one row per pool.
+
+    Parameters
+    ----------
+    device : int, optional
+        Only the pools of this device (:func:`cugraphrt.device_stats` sums them).
 
     Returns
     -------
@@ -399,6 +409,8 @@ def memory_summary() -> str:
               "arrays")
     rows = [header]
     for pool in sorted(list(_all_pools), key=lambda p: p.id):
+        if device is not None and pool.device_id != device:
+            continue
         s = pool.stats()
         rows.append((
             str(s.pool_id), str(s.device_id), "private" if pool._private else "shared",

@@ -60,6 +60,12 @@ _OPERATIONS = (
      "copies between host and device memory, which capture allows only from pinned memory"),
     (re.compile(r"\.synchronize\s*\(|\.query\s*\("),
      "waits for the device, which capture forbids"),
+    (re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|"
+                r"all_to_all\w*)\s*\(|\.wait\s*\("),
+     "runs or waits for a collective; under capture a collective's wait must not block the "
+     "host (unset TORCH_NCCL_BLOCKING_WAIT, pass no timeout to wait(), no barrier()), and "
+     "each collective must run once eagerly first (cugraphrt_torch.distributed."
+     "check_capture() checks the settings; see docs/distributed.md)"),
 )
 # Frames in these packages are the machinery, not the caller's operation (cugraphrt's
 # diagnosis skips CuPy's and its own already).

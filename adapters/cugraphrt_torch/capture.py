@@ -25,6 +25,7 @@ import cupy
 
 from cugraphrt import _cuda
 from cugraphrt import pool as _pool_module
+from cugraphrt.devices import check_capture_stream, stream_device
 from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayError
 from cugraphrt.graphs import Graph, _resolve_pool
 from cugraphrt.options import CaptureOptions, validate_options
@@ -107,6 +108,8 @@ class graph:
         import torch
 
         device = cupy.cuda.runtime.getDevice()
+        if self.stream is not None:
+            check_capture_stream(self.stream, device)
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
         # No device synchronization: it would invalidate other threads' captures (see
         # cugraphrt.graph.__enter__), and nothing runs during a capture anyway.
@@ -330,6 +333,16 @@ class _Owner:
         self.pool = None
 
 
+def _check_stream_device(stream, device: int) -> None:
+    """Refuse a torch or CuPy stream made on another device than the graph's."""
+    owner = stream_device(stream)
+    if owner >= 0 and owner != device:
+        raise ReplayError(
+            f"the replay stream belongs to device {owner} (got a graph captured on device "
+            f"{device}); replay on a stream of device {device}, or capture the work again on "
+            f"device {owner}")
+
+
 def _replay_after_reset() -> None:
     raise ReplayError("replay after the graph was reset (got a released torch graph); capture "
                       "the work again")
@@ -350,14 +363,17 @@ class _Replay:
         self._device = device
 
     def __call__(self, stream=None) -> None:
+        # The graph replays on its own device (torch's replay switches to it): None means
+        # CuPy's current stream of that device, whatever device is current.
         if stream is None:
-            ptr = _current_cupy_stream().ptr
+            ptr = _current_cupy_stream(self._device).ptr
         else:
             try:
                 ptr = _torch.stream_handle(stream)
             except AttributeError:
                 raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream, "
                                    "an int handle, or None for CuPy's current stream") from None
+            _check_stream_device(stream, self._device)
         checked = _pool_module._checks_enabled
         if checked:
             pool, seq = self._handles.pool, self._handles.seq

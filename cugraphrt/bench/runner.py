@@ -26,8 +26,9 @@ from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, 
 from .spec import Context, Failed, NotAvailable, Row, Workload, describe
 from .timing import Summary
 
-__all__ = ["main", "WORKLOADS", "REAL_NAMES", "parse_args", "selected_names", "run_workloads",
-           "build_report", "evaluate_targets", "Progress", "QUICK_BUDGET_S"]
+__all__ = ["main", "WORKLOADS", "REAL_NAMES", "DISTRIBUTED_NAMES", "parse_args",
+           "selected_names", "run_workloads", "build_report", "evaluate_targets", "Progress",
+           "QUICK_BUDGET_S"]
 
 #: What ``--quick`` promises: the whole run within this many seconds on an H100.
 QUICK_BUDGET_S = 60.0
@@ -42,7 +43,7 @@ def _workloads() -> tuple[Workload, ...]:
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, CG_TOLERANCE, HF_DECODE, RESNET50, DECODE_UNTIL_EOS,
-            *_real_workloads())
+            *_distributed_workloads(), *_real_workloads())
 
 
 def _real_workloads() -> tuple[Workload, ...]:
@@ -53,10 +54,18 @@ def _real_workloads() -> tuple[Workload, ...]:
     return (REAL_RESNET50, REAL_RESNET18, REAL_LLAMA, REAL_CG)
 
 
+def _distributed_workloads() -> tuple[Workload, ...]:
+    from .workloads_distributed import DDP
+
+    return (DDP,)
+
+
 #: Every workload, in run order.
 WORKLOADS: tuple[Workload, ...] = _workloads()
 #: What ``--real`` selects: the real-model workloads, side by side with their anchors.
 REAL_NAMES: tuple[str, ...] = tuple(w.name for w in _real_workloads())
+#: What ``--distributed`` selects: the multi-GPU workloads (torchrun, 2 GPUs).
+DISTRIBUTED_NAMES: tuple[str, ...] = tuple(w.name for w in _distributed_workloads())
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -75,6 +84,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="run the real-model workloads (" + ", ".join(REAL_NAMES) + "; "
                              "needs torchvision and transformers: pip install "
                              "'cugraphrt[bench]'), with the --only ones if given")
+    parser.add_argument("--distributed", action="store_true",
+                        help="run the multi-GPU workloads (" + ", ".join(DISTRIBUTED_NAMES)
+                             + "; started under torchrun on 2 GPUs, n/a with fewer), with the "
+                               "--only ones if given")
     parser.add_argument("--json", metavar="PATH", type=Path,
                         help="write the records (a BenchReport) as JSON")
     parser.add_argument("--plot", metavar="PATH.png", type=Path,
@@ -144,8 +157,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def selected_names(args: argparse.Namespace) -> frozenset[str]:
-    """The workloads named by ``--only`` and ``--real``; empty means every workload."""
-    return frozenset(args.only or ()) | frozenset(REAL_NAMES if args.real else ())
+    """The workloads named by ``--only``, ``--real`` and ``--distributed``; empty means every
+    workload."""
+    return (frozenset(args.only or ()) | frozenset(REAL_NAMES if args.real else ())
+            | frozenset(DISTRIBUTED_NAMES if args.distributed else ()))
 
 
 def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path | None,

@@ -1,0 +1,110 @@
+"""Devices: which device a pool, a graph or a capture belongs to, and per-device statistics.
+
+Every pool allocates on one device, every graph is captured on one device, and nothing crosses
+devices: a capture on device B refuses a pool of device A (``CaptureError``), and a graph
+replays on its own device whatever device is current (see :meth:`cugraphrt.Graph.replay`).
+This module validates device indices and sums pool statistics per device; the device
+switch itself is :class:`cugraphrt.backing._on_device`.
+"""
+
+from __future__ import annotations
+
+from . import _cuda
+from .errors import OptionsError
+from .options import DeviceStats
+
+__all__ = ["device_stats", "resolve_device", "stream_device", "check_capture_stream"]
+
+
+def resolve_device(device: object, field: str = "device") -> int:
+    """The device index ``device`` names: the current device for None.
+
+    Parameters
+    ----------
+    device : int or None
+        A device index, ``0 <= device < device count``.
+    field : str
+        The option's name, for the error message.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    OptionsError
+        For anything but None or an int in range.
+    """
+    if device is None:
+        return _cuda.current_device()
+    # bool is an int subclass, and True would silently mean device 1.
+    index = getattr(device, "__index__", None)
+    if isinstance(device, bool) or index is None:
+        raise OptionsError(field, device, "a device index (int) or None for the current device")
+    value = int(index())
+    count = _cuda.device_count()
+    if not 0 <= value < count:
+        raise OptionsError(field, device, f"a device index from 0 to {count - 1} (this process "
+                                          f"sees {count} device(s); CUDA_VISIBLE_DEVICES "
+                                          f"renumbers them from 0)")
+    return value
+
+
+def stream_device(stream: object) -> int:
+    """The device a stream object was made on; -1 when it does not say.
+
+    CuPy streams carry ``device_id`` (-1 for the null and per-thread streams, which follow
+    the current device), torch streams ``device_index``; int handles say nothing.
+    """
+    owner = getattr(stream, "device_index", None)  # torch.cuda.Stream
+    if owner is None:
+        owner = getattr(stream, "device_id", -1)  # cupy.cuda.Stream
+    return int(owner) if isinstance(owner, int) else -1
+
+
+def check_capture_stream(stream: object, device: int) -> None:
+    """Refuse a capture stream made on another device than the current one.
+
+    Raises
+    ------
+    OptionsError
+        Naming both devices: work issued under the current device would not reach the
+        stream, and the graph would come out empty or wrong.
+    """
+    owner = stream_device(stream)
+    if owner >= 0 and owner != device:
+        raise OptionsError(
+            "stream", stream,
+            f"a stream of the current device {device} (got a stream of device {owner}); "
+            f"capture under `with cupy.cuda.Device({owner}):` (torch: torch.cuda.device("
+            f"{owner})), or pass a stream of device {device}")
+
+
+def device_stats(device: int | None = None) -> list[DeviceStats]:
+    """The live graph memory pools summed per device, one entry per device that has any.
+
+    Parameters
+    ----------
+    device : int, optional
+        Only this device (a list of at most one entry).
+
+    Returns
+    -------
+    list of DeviceStats
+        Sorted by device index.
+    """
+    from .pool import _all_pools
+
+    wanted = None if device is None else resolve_device(device)
+    totals: dict[int, dict[str, int]] = {}
+    for pool in list(_all_pools):
+        s = pool.stats()
+        if wanted is not None and s.device_id != wanted:
+            continue
+        t = totals.setdefault(s.device_id, dict.fromkeys(
+            ("pools", "reserved_bytes", "active_bytes", "segments", "live_graphs",
+             "live_arrays"), 0))
+        t["pools"] += 1
+        for key in ("reserved_bytes", "active_bytes", "segments", "live_graphs", "live_arrays"):
+            t[key] += getattr(s, key)
+    return [DeviceStats(device_id=d, **t) for d, t in sorted(totals.items())]
