@@ -9,7 +9,7 @@ from __future__ import annotations
 from . import _require  # noqa: F401 - first: a clear error without CuPy
 from ._capture import is_current_stream_capturing
 from .control import cond, while_loop
-from .devices import device_stats
+from .devices import device_stats, memory_summary
 from .errors import (
     CaptureError,
     CugraphrtError,
@@ -34,7 +34,6 @@ from .pool import (
     MemPool,
     empty_cache,
     graph_pool_handle,
-    memory_summary,
     pool_checks_enabled,
     set_pool_checks,
 )

@@ -9,11 +9,16 @@ switch itself is :class:`cugraphrt.backing._on_device`.
 
 from __future__ import annotations
 
+import cupy
+
 from . import _cuda
-from .errors import OptionsError
+from .errors import OptionsError, ReplayError, _fmt_bytes
 from .options import DeviceStats
 
-__all__ = ["device_stats", "resolve_device", "stream_device", "check_capture_stream"]
+_current_stream = cupy.cuda.get_current_stream
+
+__all__ = ["device_stats", "memory_summary", "resolve_device", "stream_device", "stream_ptr",
+           "check_capture_stream"]
 
 
 def resolve_device(device: object, field: str = "device") -> int:
@@ -62,6 +67,32 @@ def stream_device(stream: object) -> int:
     return int(owner) if isinstance(owner, int) else -1
 
 
+def stream_ptr(stream, device: int = -1) -> int:
+    """The handle of ``stream`` (CuPy's current stream of ``device`` for None).
+
+    A CuPy stream made on another device than ``device`` (>= 0) raises ReplayError; the
+    null and per-thread streams (``device_id`` -1) follow the current device, and int
+    handles are taken as given.
+    """
+    if stream is None:
+        return _current_stream(device).ptr
+    if isinstance(stream, int):
+        return stream
+    try:
+        ptr = stream.ptr
+    except AttributeError:
+        raise OptionsError("stream", stream, "a cupy.cuda.Stream (anything with .ptr), an "
+                           "int handle, or None for the current stream") from None
+    owner = stream_device(stream)
+    if device >= 0 and owner >= 0 and owner != device:
+        raise ReplayError(
+            f"the replay stream belongs to device {owner} (got a graph captured on device "
+            f"{device}); replay on a stream of device {device}, or capture the work again "
+            f"on device {owner}")
+    return ptr
+
+
+
 def check_capture_stream(stream: object, device: int) -> None:
     """Refuse a capture stream made on another device than the current one.
 
@@ -108,3 +139,38 @@ def device_stats(device: int | None = None) -> list[DeviceStats]:
         for key in ("reserved_bytes", "active_bytes", "segments", "live_graphs", "live_arrays"):
             t[key] += getattr(s, key)
     return [DeviceStats(device_id=d, **t) for d, t in sorted(totals.items())]
+
+
+def memory_summary(device: int | None = None) -> str:
+    """A table of every live graph memory pool, one row per pool.
+
+    Parameters
+    ----------
+    device : int, optional
+        Only the pools of this device (:func:`cugraphrt.device_stats` sums them).
+
+    Returns
+    -------
+    str
+        The table (also suitable for printing).
+    """
+    from .pool import _all_pools
+
+    header = ("pool", "device", "kind", "reserved", "active", "peak", "segments", "graphs",
+              "arrays")
+    rows = [header]
+    for pool in sorted(list(_all_pools), key=lambda p: p.id):
+        if device is not None and pool.device_id != device:
+            continue
+        s = pool.stats()
+        rows.append((
+            str(s.pool_id), str(s.device_id), "private" if pool._private else "shared",
+            _fmt_bytes(s.reserved_bytes), _fmt_bytes(s.active_bytes),
+            _fmt_bytes(s.peak_active_bytes), str(s.segments), str(s.live_graphs),
+            str(s.live_arrays),
+        ))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    if len(rows) == 1:
+        lines.append("(no graph memory pools)")
+    return "\n".join(lines)

@@ -15,7 +15,7 @@ import cupy
 from . import _capture, _cuda, _libs
 from . import pool as _pool_module
 from .backing import _on_device, capture_activity
-from .devices import stream_device
+from .devices import stream_ptr
 from .errors import CaptureError, OptionsError, ReplayError
 from .options import CaptureOptions, validate_options
 from .pool import MemPool
@@ -289,7 +289,7 @@ class Graph:
             raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
 
     def _replay_slow(self, stream) -> None:
-        ptr = _stream_ptr(stream)
+        ptr = stream_ptr(stream)
         _launch(self._ready_exec("replay()"), ptr)
 
     def _replay_checked(self, stream) -> None:
@@ -302,7 +302,7 @@ class Graph:
             self._launch_checked(exec_handle, stream, device)
 
     def _launch_checked(self, exec_handle: int, stream, device: int) -> None:
-        ptr = _stream_ptr(stream, device)
+        ptr = stream_ptr(stream, device)
         if not _pool_checks:
             _launch(exec_handle, ptr)
             return
@@ -333,7 +333,7 @@ class Graph:
         stream : cupy.cuda.Stream, optional
             CuPy's current stream by default.
         """
-        _cuda.upload(self._ready_exec("upload()"), _stream_ptr(stream))
+        _cuda.upload(self._ready_exec("upload()"), stream_ptr(stream))
 
     def instantiate(self) -> None:
         """(Re-)instantiate the kept graph definition; needs ``keep_graph=True``.
@@ -442,31 +442,6 @@ class Graph:
             state = "empty"
         pool = self.pool()
         return f"<cugraphrt.Graph {state} pool={pool.id if pool else None}>"
-
-
-def _stream_ptr(stream, device: int = -1) -> int:
-    """The handle of ``stream`` (CuPy's current stream of ``device`` for None).
-
-    A CuPy stream made on another device than ``device`` (>= 0) raises ReplayError; the
-    null and per-thread streams (``device_id`` -1) follow the current device, and int
-    handles are taken as given.
-    """
-    if stream is None:
-        return _current_stream(device).ptr
-    if isinstance(stream, int):
-        return stream
-    try:
-        ptr = stream.ptr
-    except AttributeError:
-        raise OptionsError("stream", stream, "a cupy.cuda.Stream (anything with .ptr), an "
-                           "int handle, or None for the current stream") from None
-    owner = stream_device(stream)
-    if device >= 0 and owner >= 0 and owner != device:
-        raise ReplayError(
-            f"the replay stream belongs to device {owner} (got a graph captured on device "
-            f"{device}); replay on a stream of device {device}, or capture the work again "
-            f"on device {owner}")
-    return ptr
 
 
 def _resolve_pool(pool) -> MemPool:

@@ -45,7 +45,6 @@ from .options import PoolStats
 __all__ = [
     "MemPool",
     "graph_pool_handle",
-    "memory_summary",
     "empty_cache",
     "set_pool_checks",
     "pool_checks_enabled",
@@ -390,39 +389,6 @@ def graph_pool_handle(device: int | None = None) -> MemPool:
         When ``device`` is not an int from 0 to the device count - 1.
     """
     return MemPool(device)
-
-
-def memory_summary(device: int | None = None) -> str:
-    """A table of every live graph memory pool, one row per pool.
-
-    Parameters
-    ----------
-    device : int, optional
-        Only the pools of this device (:func:`cugraphrt.device_stats` sums them).
-
-    Returns
-    -------
-    str
-        The table (also suitable for printing).
-    """
-    header = ("pool", "device", "kind", "reserved", "active", "peak", "segments", "graphs",
-              "arrays")
-    rows = [header]
-    for pool in sorted(list(_all_pools), key=lambda p: p.id):
-        if device is not None and pool.device_id != device:
-            continue
-        s = pool.stats()
-        rows.append((
-            str(s.pool_id), str(s.device_id), "private" if pool._private else "shared",
-            _fmt_bytes(s.reserved_bytes), _fmt_bytes(s.active_bytes),
-            _fmt_bytes(s.peak_active_bytes), str(s.segments), str(s.live_graphs),
-            str(s.live_arrays),
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    if len(rows) == 1:
-        lines.append("(no graph memory pools)")
-    return "\n".join(lines)
 
 
 def empty_cache() -> int:

@@ -122,9 +122,11 @@ def fake_graph(monkeypatch, two_devices):
                         lambda exec_handle, ptr: launches.append((exec_handle, ptr,
                                                                   state["current"])))
     # CuPy's current stream per device: device d's is 0x100 + d.
-    monkeypatch.setattr(graphs, "_current_stream",
-                        lambda device=-1: _Stream(0x100 + (state["current"] if device < 0
-                                                           else device)))
+    def current_stream(device=-1):
+        return _Stream(0x100 + (state["current"] if device < 0 else device))
+
+    monkeypatch.setattr(graphs, "_current_stream", current_stream)
+    monkeypatch.setattr(devices, "_current_stream", current_stream)
     monkeypatch.setattr(graphs, "_pool_checks", False)
     monkeypatch.setattr(graphs, "_multi_device", False)
     monkeypatch.setattr(graphs, "_checks_enabled", False)
