@@ -3,36 +3,23 @@
 from __future__ import annotations
 
 import copy
-import gc
 import warnings
 
 import pytest
+
+from ._compile_reports import CompileReports
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
 
 
-_first_region = [0]
+_reports = CompileReports()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    from cugraphrt_torch import dynamo
-
-    torch._dynamo.reset()
-    gc.collect()
-    _first_region[0] = next(dynamo._region_ids) + 1  # this test's pieces come after
-    yield
-    torch._dynamo.reset()
-
-
-def _reports():
-    """Reports of the pieces compiled by the running test."""
-    import cugraphrt_torch
-
-    return [r for r in cugraphrt_torch.compile_report()
-            if int(r.name.split()[1]) >= _first_region[0]]
+    yield from _reports.around_test()
 
 
 class Decoder(torch.nn.Module):
@@ -139,7 +126,6 @@ def test_a_moved_static_input_re_records_then_falls_back_with_a_warning():
 
 
 def test_strict_raises_where_the_default_falls_back():
-    import cugraphrt_torch
 
     import cugraphrt
 
@@ -152,8 +138,7 @@ def test_strict_raises_where_the_default_falls_back():
                            options={"compiler": "aot_eager", "strict": True})
     with pytest.raises(cugraphrt.CaptureError, match="cannot be captured.*on cpu"):
         strict(x)
-    torch._dynamo.reset()
-    _first_region[0] = next(cugraphrt_torch.dynamo._region_ids) + 1
+    _reports.start()
     relaxed = torch.compile(mixed, backend="cugraphrt", options={"compiler": "aot_eager"})
     for _ in range(3):
         torch.testing.assert_close(relaxed(x), mixed(x))

@@ -3,34 +3,26 @@
 from __future__ import annotations
 
 import copy
-import gc
 import warnings
 
 import pytest
+
+from ._compile_reports import CompileReports
 
 torch = pytest.importorskip("torch")
 
 pytestmark = pytest.mark.gpu
 
-_first_region = [0]
+_reports = CompileReports()
 
 
 @pytest.fixture(autouse=True)
 def _fresh_dynamo():
-    from cugraphrt_torch import dynamo
-
-    torch._dynamo.reset()
-    gc.collect()
-    _first_region[0] = next(dynamo._region_ids) + 1
-    yield
-    torch._dynamo.reset()
+    yield from _reports.around_test()
 
 
 def _dynamic_reports():
-    import cugraphrt_torch
-
-    return [r for r in cugraphrt_torch.compile_report()
-            if int(r.name.split()[1]) >= _first_region[0] and (r.buckets or r.bucket_note)]
+    return [r for r in _reports() if r.buckets or r.bucket_note]
 
 
 def _mlp():
@@ -91,7 +83,9 @@ def test_pieces_buckets_cannot_serve_keep_one_graph_per_size(exact_math):
     (report,) = _dynamic_reports()
     assert report.buckets == () and report.graphs == 2
     assert "derived from" in report.bucket_note
-    assert "no buckets: output 0" in __import__("cugraphrt_torch").format_compile_report()
+    import cugraphrt_torch
+
+    assert "no buckets: output 0" in cugraphrt_torch.format_compile_report()
 
 
 def test_a_moved_weight_releases_the_bucket_graphs_and_they_read_the_new_one():
