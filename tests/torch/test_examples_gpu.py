@@ -15,9 +15,15 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+# The compile examples spend about 30 s each in Inductor; the backend's GPU tests cover the
+# same paths in-process by default.
+_COMPILE = pytest.mark.long
+
+
 @pytest.mark.parametrize("name", ["torch_inference.py", "train_partial_capture.py",
                                   "train_whole_step.py", "serving_buckets.py",
-                                  "compile_backend.py", "compile_buckets.py"])
+                                  pytest.param("compile_backend.py", marks=_COMPILE),
+                                  pytest.param("compile_buckets.py", marks=_COMPILE)])
 def test_example_runs(name):
     result = subprocess.run([sys.executable, str(EXAMPLES / name)], capture_output=True,
                             text=True, timeout=300)
