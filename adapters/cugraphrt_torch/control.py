@@ -114,6 +114,14 @@ class _NoTorchRandom(TorchDispatchMode):
     nothing and pass.
     """
 
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, dynamo treats the mode as a user mode: a torch.compile'd body runs
+        # eagerly inside the loop, and dynamo then skips that code for good, eager
+        # everywhere. With it, the compiled code runs, and the mode still sees the ops
+        # it dispatches at run time (Inductor draws its seeds with aten.randint).
+        return True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if torch.Tag.nondeterministic_seeded in func.tags and draws(func, args, kwargs):

@@ -49,3 +49,31 @@ def test_the_loop_body_guard_refuses_draws_and_passes_what_does_not_draw():
                      lambda: F.scaled_dot_product_attention(q, q, q, dropout_p=0.1)):
             with pytest.raises(CaptureError, match="same numbers on every iteration"):
                 draw()
+
+
+def test_a_compiled_function_stays_compiled_inside_and_after_the_loop_body_guard():
+    from cugraphrt_torch.control import _NoTorchRandom
+
+    calls = {"compiles": 0, "compiled": 0}
+
+    def backend(gm, example_inputs):
+        calls["compiles"] += 1
+
+        def run(*args):
+            calls["compiled"] += 1
+            return gm(*args)
+        return run
+
+    def step(x):
+        return torch.sin(x) * 2 + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend=backend)
+    x = torch.randn(8)
+    compiled(x)
+    with _NoTorchRandom():
+        torch.testing.assert_close(compiled(x), step(x))
+    compiled(x)
+    # Not run eagerly in the body, and not skipped by dynamo afterwards.
+    assert calls == {"compiles": 1, "compiled": 3}
+    torch._dynamo.reset()

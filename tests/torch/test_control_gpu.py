@@ -61,6 +61,36 @@ def test_while_loop_equals_eager_and_replays_new_inputs(exact_math):
     assert len(counts) == 3, counts
 
 
+def test_a_compiled_body_runs_its_compiled_code_in_the_loop_and_after(exact_math):
+    calls = {"compiled": 0}
+
+    def backend(gm, example_inputs):
+        def run(*args):
+            calls["compiled"] += 1
+            return gm(*args)
+        return run
+
+    x = torch.rand(512, device="cuda", dtype=torch.float64) * 100 + 1
+    y = torch.ones_like(x)
+    cond_fn, body_fn = _newton_sqrt(x, y, 1e-9)
+    torch._dynamo.reset()
+    compiled_body = torch.compile(body_fn, backend=backend)
+    cond_fn(), compiled_body()  # warm up (and compile)
+    y.fill_(1.0)
+    g = cugraphrt.Graph()
+    with cugraphrt_torch.graph(g):
+        count = cugraphrt_torch.while_loop(cond_fn, compiled_body)
+    assert calls["compiled"] == 2, "the body's capture ran the compiled code"
+    g.replay()
+    torch.cuda.synchronize()
+    graphed, graphed_count = y.clone(), int(count)
+    y.fill_(1.0)
+    eager_count = cugraphrt_torch.while_loop(cond_fn, compiled_body)  # eager loop
+    assert int(eager_count) == graphed_count and calls["compiled"] == 2 + graphed_count
+    torch.testing.assert_close(graphed, y, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
 def test_body_allocations_and_matmul_use_the_graph_pool(exact_math):
     w = torch.randn(64, 64, device="cuda") / 8
     h = torch.randn(16, 64, device="cuda")
