@@ -238,13 +238,13 @@ class Bucketed:
 
     def _views(self, outputs: Any, size: int, n: int) -> Any:
         """The outputs as a call of size ``n`` sees them: dynamic outputs cut to ``n`` rows."""
-        array_type = self._ops.array_type
-        dim = self._probe.dim
         leaves, spec, _ = _tree.flatten(outputs)
         if self._output_dims is not None:
             return _tree.unflatten(spec, [
                 rows(leaf, at, 0, n) if at is not None and n != size else leaf
                 for leaf, at in zip(leaves, self._output_dims, strict=True)])
+        array_type = self._ops.array_type
+        dim = self._probe.dim
         cut = []
         for leaf in leaves:
             if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim

@@ -18,7 +18,7 @@ from .options import DeviceStats
 _current_stream = cupy.cuda.get_current_stream
 
 __all__ = ["device_stats", "memory_summary", "resolve_device", "stream_device", "stream_ptr",
-           "check_capture_stream"]
+           "check_capture_stream", "check_replay_stream"]
 
 
 def resolve_device(device: object, field: str = "device") -> int:
@@ -83,14 +83,25 @@ def stream_ptr(stream, device: int = -1) -> int:
     except AttributeError:
         raise OptionsError("stream", stream, "a cupy.cuda.Stream (anything with .ptr), an "
                            "int handle, or None for the current stream") from None
+    if device >= 0:
+        check_replay_stream(stream, device)
+    return ptr
+
+
+def check_replay_stream(stream: object, device: int) -> None:
+    """Refuse a replay stream (CuPy or torch) made on another device than the graph's.
+
+    Raises
+    ------
+    ReplayError
+        Naming both devices.
+    """
     owner = stream_device(stream)
-    if device >= 0 and owner >= 0 and owner != device:
+    if owner >= 0 and owner != device:
         raise ReplayError(
             f"the replay stream belongs to device {owner} (got a graph captured on device "
             f"{device}); replay on a stream of device {device}, or capture the work again "
             f"on device {owner}")
-    return ptr
-
 
 
 def check_capture_stream(stream: object, device: int) -> None:
@@ -109,6 +120,10 @@ def check_capture_stream(stream: object, device: int) -> None:
             f"a stream of the current device {device} (got a stream of device {owner}); "
             f"capture under `with cupy.cuda.Device({owner}):` (torch: torch.cuda.device("
             f"{owner})), or pass a stream of device {device}")
+
+
+# The PoolStats fields DeviceStats sums: every field of it but the device and the pool count.
+_SUMMED = tuple(name for name in DeviceStats.model_fields if name not in ("device_id", "pools"))
 
 
 def device_stats(device: int | None = None) -> list[DeviceStats]:
@@ -132,11 +147,9 @@ def device_stats(device: int | None = None) -> list[DeviceStats]:
         s = pool.stats()
         if wanted is not None and s.device_id != wanted:
             continue
-        t = totals.setdefault(s.device_id, dict.fromkeys(
-            ("pools", "reserved_bytes", "active_bytes", "segments", "live_graphs",
-             "live_arrays"), 0))
+        t = totals.setdefault(s.device_id, dict.fromkeys(_SUMMED, 0) | {"pools": 0})
         t["pools"] += 1
-        for key in ("reserved_bytes", "active_bytes", "segments", "live_graphs", "live_arrays"):
+        for key in _SUMMED:
             t[key] += getattr(s, key)
     return [DeviceStats(device_id=d, **t) for d, t in sorted(totals.items())]
 

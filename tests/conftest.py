@@ -48,20 +48,12 @@ NO_GPU_REASON = _gpu_reason()
 
 def pytest_collection_modifyitems(config, items):
     if not stress_enabled(config):
-        skip = pytest.mark.skip(reason="long reliability run: pass --stress or set "
-                                       "CUGRAPHRT_STRESS=1")
-        for item in items:
-            # The marker, not item.keywords: those hold directory names too (tests/stress).
-            if item.get_closest_marker("stress") is not None:
-                item.add_marker(skip)
+        _skip_marked(items, "stress", "long reliability run: pass --stress or set "
+                                      "CUGRAPHRT_STRESS=1")
     if not long_enabled(config):
         # Kept out of the default GPU run to hold it near four minutes; what they cover has
         # a shorter test that runs by default.
-        skip_long = pytest.mark.skip(reason="long GPU test: pass --long or set "
-                                            "CUGRAPHRT_LONG=1")
-        for item in items:
-            if item.get_closest_marker("long") is not None:
-                item.add_marker(skip_long)
+        _skip_marked(items, "long", "long GPU test: pass --long or set CUGRAPHRT_LONG=1")
     if NO_GPU_REASON is None:
         return
     for item in items:
@@ -71,6 +63,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.usefixtures("_fail_without_gpu"))
         else:
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {NO_GPU_REASON}"))
+
+
+def _skip_marked(items, marker: str, reason: str) -> None:
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        # The marker, not item.keywords: those hold directory names too (tests/stress).
+        if item.get_closest_marker(marker) is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture

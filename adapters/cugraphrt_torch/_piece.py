@@ -28,7 +28,7 @@ from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 from cugraphrt.graphs import Graph
 from cugraphrt.pool import MemPool
 
-from ._piece_buckets import PieceBuckets
+from ._piece_buckets import PieceBuckets, static_addresses
 from .capture import graph as _capture
 
 __all__ = ["Piece", "PieceReport", "PieceSettings", "live_pieces", "shared_pool"]
@@ -330,8 +330,7 @@ class Piece:
                           if isinstance(t, _Tensor)}
         clone = [isinstance(o, _Tensor) and o.untyped_storage().data_ptr() not in input_storages
                  for o in outputs]
-        static_ptrs = [a.data_ptr() if i in static and isinstance(a, _Tensor) else None
-                       for i, a in enumerate(args)]
+        static_ptrs = static_addresses(args, self._static)
         write_back = [(i, b) for i, b in zip(copy_from, buffers, strict=True)
                       if i in self._mutated]
         self._copied = tuple(self._names[i] for i in copy_from)

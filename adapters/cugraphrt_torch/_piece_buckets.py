@@ -186,7 +186,7 @@ class PieceBuckets:
     def rebind(self, args: list) -> None:
         """A static input moved: release every bucket's graph and read the new addresses."""
         self.release()
-        self.static_ptrs = _static_ptrs(args, self._static)
+        self.static_ptrs = static_addresses(args, self._static)
 
     def release(self) -> None:
         """Release every bucket's graph (captured again on its next use)."""
@@ -200,7 +200,7 @@ class PieceBuckets:
         return tuple(b.size for b in self._core.stats().buckets if b.captured)
 
     def _build(self, args: list, pool: MemPool) -> Bucketed:
-        self.static_ptrs = _static_ptrs(args, self._static)
+        self.static_ptrs = static_addresses(args, self._static)
         self._core = Bucketed(
             ops=_TorchOps(), sample_args=tuple(args[i] for i in self.plan.copied),
             buckets=self.buckets, dynamic_dim=list(self.plan.dims), pad=0.0,
@@ -232,7 +232,7 @@ class PieceBuckets:
         return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset)
 
 
-def _static_ptrs(args: list, static: list[int]) -> list:
+def static_addresses(args: list, static: list[int]) -> list:
     ptrs: list = [None] * len(args)
     for index in static:
         ptrs[index] = args[index].data_ptr()

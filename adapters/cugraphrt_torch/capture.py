@@ -25,7 +25,7 @@ import cupy
 
 from cugraphrt import _cuda
 from cugraphrt import pool as _pool_module
-from cugraphrt.devices import check_capture_stream, stream_device
+from cugraphrt.devices import check_capture_stream, check_replay_stream
 from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayError
 from cugraphrt.graphs import Graph, _resolve_pool
 from cugraphrt.options import CaptureOptions, validate_options
@@ -333,16 +333,6 @@ class _Owner:
         self.pool = None
 
 
-def _check_stream_device(stream, device: int) -> None:
-    """Refuse a torch or CuPy stream made on another device than the graph's."""
-    owner = stream_device(stream)
-    if owner >= 0 and owner != device:
-        raise ReplayError(
-            f"the replay stream belongs to device {owner} (got a graph captured on device "
-            f"{device}); replay on a stream of device {device}, or capture the work again on "
-            f"device {owner}")
-
-
 def _replay_after_reset() -> None:
     raise ReplayError("replay after the graph was reset (got a released torch graph); capture "
                       "the work again")
@@ -373,7 +363,7 @@ class _Replay:
             except AttributeError:
                 raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream, "
                                    "an int handle, or None for CuPy's current stream") from None
-            _check_stream_device(stream, self._device)
+            check_replay_stream(stream, self._device)
         checked = _pool_module._checks_enabled
         if checked:
             pool, seq = self._handles.pool, self._handles.seq

@@ -228,3 +228,11 @@ def test_plan_refuses_training_pieces():
     assert [p.split(":")[0] for p in plans] == [
         "buckets serve inference pieces only (got a forward piece)",
         "buckets serve inference pieces only (got a backward piece)"]
+
+
+def test_static_addresses_name_the_static_inputs_only():
+    from cugraphrt_torch._piece_buckets import static_addresses
+
+    a, b = torch.zeros(2), torch.zeros(3)
+    assert static_addresses([a, 4, b], [0, 2]) == [a.data_ptr(), None, b.data_ptr()]
+    assert static_addresses([a, b], []) == [None, None]

@@ -167,6 +167,16 @@ def test_replay_on_a_stream_of_another_device_is_a_replay_error(fake_graph):
     assert launches == []
 
 
+def test_replay_stream_check_reads_torch_streams_too():
+    # What the torch adapter's replay calls with a torch stream (device_index).
+    devices.check_replay_stream(_Stream(5, device_index=1), 1)
+    devices.check_replay_stream(_Stream(5), 1)  # the null stream follows the device
+    devices.check_replay_stream(0x777, 1)  # int handles are taken as given
+    with pytest.raises(ReplayError, match=r"stream belongs to device 0 \(got a graph captured "
+                                          r"on device 1\)"):
+        devices.check_replay_stream(_Stream(5, device_index=0), 1)
+
+
 def test_single_device_replay_takes_the_unchecked_path(fake_graph, monkeypatch):
     g, launches, state = fake_graph
     monkeypatch.setattr(_cuda, "device_count", lambda: 1)
