@@ -370,10 +370,15 @@ def _pool_use(torch, capture, statics) -> tuple[int, int]:
     """(reserved bytes, device bytes) that capturing all graphs added."""
     import cupy
 
-    # A throwaway capture first: one-time allocations tied to a capture stream (its cuBLAS
-    # workspace, which torch keeps for the stream's life) then stay out of the deltas.
+    # A throwaway capture first: one-time set-up of a capture stream (library handles) then
+    # stays out of the deltas. The cuBLAS workspace does not: the graphs replay into one, so
+    # it is part of what they cost. torch's graphs share the one it caches per capture
+    # stream; cugraphrt_torch gives each capture its own, from the capture's pool, which
+    # torch.compile's clearing of that cache cannot free (see drop_blas_workspaces).
+    # Forgetting the cached one makes torch's first capture below allocate it again.
     warm = capture([min(statics)])
     del warm
+    torch._C._cuda_clearCublasWorkspaces()
     release_torch(torch)
     free_before = cupy.cuda.runtime.memGetInfo()[0]
     torch_before = torch.cuda.memory_reserved()
