@@ -192,7 +192,10 @@ def _measure_inference(ctx: Context, torch, stream, model: _Inference,
     rows[CAPTURE].measure({system: functools.partial(capture_batch, torch, model.before_batch,
                                                      build)
                            for system, build in builds.items()},
-                          ctx.repeats(full=5, quick=2), scale=MS, warmup=1)
+                          # A build's time varies by several percent (the host, the
+                          # first capture on a stream): five a side even in --quick, so
+                          # the median is not one of two samples.
+                          ctx.repeats(full=5, quick=5), scale=MS, warmup=1)
 
 
 # -- real_resnet50 -------------------------------------------------------------------------

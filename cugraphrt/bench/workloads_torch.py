@@ -256,7 +256,7 @@ def run_capture_time(ctx: Context) -> None:
             row.unavailable_all(str(exc))
             ctx.emit(row.build())
         return
-    repeats = ctx.repeats(full=7, quick=3)
+    repeats = ctx.repeats(full=7, quick=5)  # builds vary by several percent: no median of 3
     torch.manual_seed(0)
     base = mlp(torch, (512,) * 5).cuda()
     x = torch.randn(32, 512, device="cuda")
