@@ -52,6 +52,10 @@ RESNET_BATCH = 8
 #: fp16 outputs of the same kernels: a wrong or stale replay is off by far more.
 RESNET_TOL = 1e-2
 DECODE_STEPS = 32
+#: Timed builds a side for the capture rows, --quick included: a build's time varies by
+#: several percent (the host, the first capture on a stream), and with two one slow build
+#: decided the median.
+CAPTURE_BUILDS = 5
 
 
 def skip_reason(ctx: Context, *packages: str, in_quick: bool) -> str | None:
@@ -192,10 +196,7 @@ def _measure_inference(ctx: Context, torch, stream, model: _Inference,
     rows[CAPTURE].measure({system: functools.partial(capture_batch, torch, model.before_batch,
                                                      build)
                            for system, build in builds.items()},
-                          # A build's time varies by several percent (the host, the
-                          # first capture on a stream): five a side even in --quick, so
-                          # the median is not one of two samples.
-                          ctx.repeats(full=5, quick=5), scale=MS, warmup=1)
+                          CAPTURE_BUILDS, scale=MS, warmup=1)
 
 
 # -- real_resnet50 -------------------------------------------------------------------------
