@@ -9,7 +9,6 @@ from __future__ import annotations
 from . import _require  # noqa: F401 - first: a clear error without CuPy
 from ._capture import is_current_stream_capturing
 from .control import cond, while_loop
-from .devices import device_stats, memory_summary
 from .errors import (
     CaptureError,
     CugraphrtError,
@@ -37,6 +36,7 @@ from .pool import (
     pool_checks_enabled,
     set_pool_checks,
 )
+from .pool_summary import device_stats, memory_summary
 
 __version__ = "0.1.0"
 

@@ -294,7 +294,7 @@ def end(capture: Capture, finish: Callable[[Capture], int] | None = None) -> tup
     except CugraphrtError as exc:
         _clear_host_funcargs(capture)
         _finish(capture, succeeded=False, error=exc)
-        refined = _cuda.capture_error_from(exc, capture)
+        refined = _diagnose.capture_error_from(exc, capture)
         if refined is not None and refined is not exc:
             raise refined from exc
         raise

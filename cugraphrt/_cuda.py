@@ -126,17 +126,6 @@ def status_name(status: int) -> str:
     return f"{name} ({status})"
 
 
-def capture_error_from(exc: BaseException, capture=None) -> CaptureError | None:
-    """If ``exc`` was caused by the capture underway, the CaptureError that says so; else None.
-
-    See :func:`cugraphrt._diagnose.capture_error_from`, which reads the exception's context
-    (traceback, the capture's mode and stream, other threads) to name the cause.
-    """
-    from ._diagnose import capture_error_from as diagnose
-
-    return diagnose(exc, capture)
-
-
 # ----------------------------------------------------------------------------------------------
 # Driver API through ctypes
 # ----------------------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def collect_info() -> InfoResult:
         runtime = cupy.cuda.runtime
         result.cuda_runtime_version = runtime.runtimeGetVersion()
         result.cuda_driver_version = runtime.driverGetVersion()
-        from .devices import device_stats
+        from .pool_summary import device_stats
 
         pools = {s.device_id: s for s in device_stats()}  # this process's pools, per device
         for index in range(runtime.getDeviceCount()):

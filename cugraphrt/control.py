@@ -21,7 +21,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from . import _capture, _conditional, _cuda
+from . import _capture, _conditional, _cuda, _diagnose
 from .errors import CaptureError, OptionsError
 
 __all__ = ["while_loop", "cond"]
@@ -46,7 +46,7 @@ class Frontend:
         return contextlib.nullcontext()
 
     def translate(self, exc: BaseException, capture: _capture.Capture) -> BaseException | None:
-        return _cuda.capture_error_from(exc, capture)
+        return _diagnose.capture_error_from(exc, capture)
 
 
 CUPY = Frontend()

@@ -3,8 +3,9 @@
 Every pool allocates on one device, every graph is captured on one device, and nothing crosses
 devices: a capture on device B refuses a pool of device A (``CaptureError``), and a graph
 replays on its own device whatever device is current (see :meth:`cugraphrt.Graph.replay`).
-This module validates device indices and sums pool statistics per device; the device
-switch itself is :class:`cugraphrt.backing._on_device`.
+This module validates device indices and streams; the device switch itself is
+:class:`cugraphrt.backing._on_device`, and the per-device pool statistics are
+:mod:`cugraphrt.pool_summary`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,12 @@ from __future__ import annotations
 import cupy
 
 from . import _cuda
-from .errors import OptionsError, ReplayError, _fmt_bytes
-from .options import DeviceStats
+from .errors import OptionsError, ReplayError
 
 _current_stream = cupy.cuda.get_current_stream
 
-__all__ = ["device_stats", "memory_summary", "resolve_device", "stream_device", "stream_ptr",
-           "check_capture_stream", "check_replay_stream"]
+__all__ = ["resolve_device", "stream_device", "stream_ptr", "check_capture_stream",
+           "check_replay_stream"]
 
 
 def resolve_device(device: object, field: str = "device") -> int:
@@ -120,70 +120,3 @@ def check_capture_stream(stream: object, device: int) -> None:
             f"a stream of the current device {device} (got a stream of device {owner}); "
             f"capture under `with cupy.cuda.Device({owner}):` (torch: torch.cuda.device("
             f"{owner})), or pass a stream of device {device}")
-
-
-# The PoolStats fields DeviceStats sums: every field of it but the device and the pool count.
-_SUMMED = tuple(name for name in DeviceStats.model_fields if name not in ("device_id", "pools"))
-
-
-def device_stats(device: int | None = None) -> list[DeviceStats]:
-    """The live graph memory pools summed per device, one entry per device that has any.
-
-    Parameters
-    ----------
-    device : int, optional
-        Only this device (a list of at most one entry).
-
-    Returns
-    -------
-    list of DeviceStats
-        Sorted by device index.
-    """
-    from .pool import _all_pools
-
-    wanted = None if device is None else resolve_device(device)
-    totals: dict[int, dict[str, int]] = {}
-    for pool in list(_all_pools):
-        s = pool.stats()
-        if wanted is not None and s.device_id != wanted:
-            continue
-        t = totals.setdefault(s.device_id, dict.fromkeys(_SUMMED, 0) | {"pools": 0})
-        t["pools"] += 1
-        for key in _SUMMED:
-            t[key] += getattr(s, key)
-    return [DeviceStats(device_id=d, **t) for d, t in sorted(totals.items())]
-
-
-def memory_summary(device: int | None = None) -> str:
-    """A table of every live graph memory pool, one row per pool.
-
-    Parameters
-    ----------
-    device : int, optional
-        Only the pools of this device (:func:`cugraphrt.device_stats` sums them).
-
-    Returns
-    -------
-    str
-        The table (also suitable for printing).
-    """
-    from .pool import _all_pools
-
-    header = ("pool", "device", "kind", "reserved", "active", "peak", "segments", "graphs",
-              "arrays")
-    rows = [header]
-    for pool in sorted(list(_all_pools), key=lambda p: p.id):
-        if device is not None and pool.device_id != device:
-            continue
-        s = pool.stats()
-        rows.append((
-            str(s.pool_id), str(s.device_id), "private" if pool._private else "shared",
-            _fmt_bytes(s.reserved_bytes), _fmt_bytes(s.active_bytes),
-            _fmt_bytes(s.peak_active_bytes), str(s.segments), str(s.live_graphs),
-            str(s.live_arrays),
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    if len(rows) == 1:
-        lines.append("(no graph memory pools)")
-    return "\n".join(lines)

@@ -12,7 +12,7 @@ from typing import Literal
 
 import cupy
 
-from . import _cuda
+from . import _diagnose
 from .devices import check_capture_stream
 from .errors import OptionsError
 from .graphs import Graph
@@ -100,7 +100,7 @@ class graph:
             self.cuda_graph._abort_capture(exc)
         finally:
             self.capture_stream.__exit__(None, None, None)
-        translated = _cuda.capture_error_from(exc, capture)
+        translated = _diagnose.capture_error_from(exc, capture)
         if translated is not None and translated is not exc:
             raise translated from exc
         return False

@@ -39,6 +39,7 @@ from .backing import (
     CudaBackingAllocator,
     check_backing,
 )
+from .devices import resolve_device
 from .errors import CaptureError, PoolOutOfMemoryError, _fmt_bytes
 from .options import PoolStats
 
@@ -76,8 +77,6 @@ class MemPool:
 
     def __init__(self, device: int | None = None, *, backing=None, _private: bool = False):
         if backing is None:
-            from .devices import resolve_device
-
             backing = CudaBackingAllocator(resolve_device(device))
         else:
             check_backing(backing)

@@ -108,7 +108,7 @@ def capture_error(exc: BaseException, where: str | None = None,
     if isinstance(exc, CaptureError):
         return exc
     if not isinstance(exc, RuntimeError):
-        return _cuda.capture_error_from(exc, capture)
+        return _diagnose.capture_error_from(exc, capture)
     text = str(exc)
     first_line = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
     status = torch_capture_status(exc)
@@ -125,7 +125,7 @@ def capture_error(exc: BaseException, where: str | None = None,
                 f"{first_line}); capture torch work with cugraphrt_torch.graph(), not "
                 f"cugraphrt.graph()"
             )
-        return _cuda.capture_error_from(exc, capture)
+        return _diagnose.capture_error_from(exc, capture)
     operation = _operation(exc, where)
     if status == _cuda.CAPTURE_INVALIDATED:
         return _diagnose.invalidated_error(capture, operation, first_line)

@@ -128,3 +128,45 @@ def test_cli_dispatches_to_the_bench_and_nothing_imports_back():
                   or (target.startswith("cugraphrt.bench") and not name.startswith(
                       ("cugraphrt.bench", "cugraphrt.cli"))))
     assert back == [], f"imports against the layers: {back}"
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import circle of ``graph`` (a list that starts and ends at the same module), or []."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(name: str) -> list[str]:
+        state[name] = 1
+        path.append(name)
+        for target in sorted(graph.get(name, ())):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state:
+                found = visit(target)
+                if found:
+                    return found
+        path.pop()
+        state[name] = 2
+        return []
+
+    for name in sorted(graph):
+        if name not in state:
+            found = visit(name)
+            if found:
+                return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circles_between_modules():
+    # A lower floor never imports a higher one, lazily inside a function either: the floors
+    # run errors -> _cuda/options -> devices -> backing -> pool -> _capture -> ... -> graphs.
+    # Package __init__ modules only re-export, so imports of a package itself are left out.
+    packages = set(PACKAGES)
+    graph = {name: {t for t in _imports_of(name, path) if t not in packages}
+             for name, path in _modules().items() if name not in packages}
+    assert _cycle(graph) == []

@@ -15,6 +15,7 @@ from cugraphrt import (
     PoolOutOfMemoryError,
     ReplayError,
     _cuda,
+    _diagnose,
 )
 from cugraphrt.options import (
     CaptureOptions,
@@ -124,19 +125,19 @@ class FakeCudaError(RuntimeError):
      "GEMM family"),
 ])
 def test_capture_related_exceptions_are_translated(exc, expected):
-    translated = _cuda.capture_error_from(exc)
+    translated = _diagnose.capture_error_from(exc)
     assert isinstance(translated, CaptureError) and expected in str(translated)
 
 
 @pytest.mark.parametrize("exc", [ValueError("bad"), RuntimeError("unrelated"),
                                  FakeCudaError(700), KeyError("x")])
 def test_unrelated_exceptions_are_not_translated(exc):
-    assert _cuda.capture_error_from(exc) is None
+    assert _diagnose.capture_error_from(exc) is None
 
 
 def test_capture_error_passes_through_translation():
     error = CaptureError("mine")
-    assert _cuda.capture_error_from(error) is error
+    assert _diagnose.capture_error_from(error) is error
 
 
 def test_public_namespace():
