@@ -134,3 +134,37 @@ def test_the_host_goes_into_the_versions(tmp_path, monkeypatch):
     monkeypatch.setattr(host, "cpu_model", lambda: "Fake CPU")
     versions = runner.collect_versions()  # with or without a GPU: the cpu is named
     assert versions["cpu"] == "Fake CPU" and "python" in versions
+
+
+def test_rows_measured_together_share_their_reference_samples(capsys):
+    from cugraphrt.bench.spec import Failed, measure_together
+
+    ticks = iter(range(1, 100))
+    replay = RowBuilder("replay", "us", ("ours", "ref", "broken", "gone"), "ref", "ours")
+    launcher = RowBuilder("launcher", "us", ("fast", "ref", "broken", "gone"), "ref", "fast")
+    order: list[str] = []
+
+    def batch(name):
+        def run():
+            order.append(name)
+            if name == "broken":
+                raise RuntimeError("no such kernel")
+            return float(next(ticks))
+        return run
+
+    def no_setup():
+        raise RuntimeError("set-up failed")
+
+    batches = {name: batch(name) for name in ("ours", "ref", "fast", "broken")}
+    batches["gone"] = replay.setup("gone", no_setup)  # None: its cell is in one row only
+    measure_together((replay, launcher), batches, repeats=2, scale=1.0, warmup=1)
+    assert order[:4] == ["ours", "ref", "fast", "broken"]  # one rotation, side by side
+    assert order[4:] == ["ours", "ref", "fast"] * 2  # the failed system left it
+    rows = replay.build(), launcher.build()
+    assert rows[0].cells["ref"].samples == rows[1].cells["ref"].samples == (5.0, 8.0)
+    assert rows[0].cells["ours"].samples == (4.0, 7.0)
+    assert rows[1].cells["fast"].samples == (6.0, 9.0)
+    for row in rows:
+        assert row.cells["broken"] == Failed("RuntimeError: no such kernel")
+        assert row.cells["gone"] == Failed("RuntimeError: set-up failed")
+    assert capsys.readouterr().err.count("broken failed") == 1  # one traceback, not two
