@@ -256,9 +256,7 @@ class Graph:
                         or _multi_device and _get_device() != self._device):
                     return self._replay_checked(stream)
             _launch(self._exec, current.ptr)
-        except (TypeError, AttributeError):
-            # No executable yet (None), an int handle or a stream without device_id: the
-            # checked path raises or launches.
+        except (TypeError, AttributeError):  # no executable yet, an int handle...: say which
             self._replay_checked(stream)
         except _cuda.CUDARuntimeError as exc:
             raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
@@ -312,13 +310,6 @@ class Graph:
             device, and for a graph captured by ``cugraphrt_torch`` (torch's ``CUDAGraph``
             owns its executable, and its replay also advances torch's RNG offsets, which a
             bare launch would skip: use :meth:`replay`).
-
-        Examples
-        --------
-        >>> launch = g.launcher()
-        >>> for _ in range(steps):
-        ...     x[...] = next_input()
-        ...     launch()
         """
         return _launcher.for_graph(self, stream)
 
