@@ -20,6 +20,7 @@ from .errors import (
 from .graph_context import default_capture_stream, graph
 from .graphed import BucketedFunction, GraphedFunction, make_graphed
 from .graphs import Graph
+from .launcher import Launcher
 from .options import (
     BucketStat,
     BucketStats,
@@ -44,7 +45,7 @@ __all__ = [
     "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
     "CugraphrtError", "DeviceStats", "GeneratorState", "Graph", "GraphedFunction",
     "MakeGraphedOptions", "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError",
-    "PoolStats", "ReplayError", "__version__", "default_capture_stream", "device_stats",
+    "PoolStats", "ReplayError", "Launcher", "__version__", "default_capture_stream", "device_stats",
     "empty_cache", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed",
     "memory_summary", "pool_checks_enabled", "random", "set_pool_checks", "cond", "while_loop",
 ]

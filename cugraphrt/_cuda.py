@@ -358,4 +358,5 @@ def mem_info() -> tuple[int, int]:
 
 # Re-exported for the replay path: one attribute lookup fewer per call.
 graph_launch = runtime.graphLaunch
+get_device = runtime.getDevice  # cudaGetDevice as one C call (current_device() adds a frame)
 CUDARuntimeError = runtime.CUDARuntimeError

@@ -13,10 +13,13 @@ from typing import cast
 import cupy
 
 from . import _capture, _cuda, _libs
+from . import launcher as _launcher
 from . import pool as _pool_module
-from .backing import _on_device, capture_activity
+from ._graph_handles import GraphHandles as _GraphHandles
+from .backing import _on_device
 from .devices import stream_ptr
 from .errors import CaptureError, OptionsError, ReplayError
+from .launcher import Launcher
 from .options import CaptureOptions, validate_options
 from .pool import MemPool
 
@@ -24,72 +27,27 @@ __all__ = ["Graph"]
 
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
-# The replay path tests one module global, _checks_enabled, rather than the pool module's
-# attribute: one lookup fewer on every replay. It is on when either check is: the pool-order
-# checks, or the device check, which only a process that sees several devices needs (there
-# another device may be current when a graph replays; with one device none can).
+_get_device = _cuda.get_device
+# The replay path reads module globals, one lookup each: whether the pool-order checks are on,
+# and whether this process sees several devices (only then can another device be current
+# when a graph replays).
 _pool_checks = _pool_module.pool_checks_enabled()
 _multi_device = False
-_checks_enabled = _pool_checks
 
 
 def _set_checks_enabled(enabled: bool) -> None:
-    global _pool_checks, _checks_enabled
+    global _pool_checks
     _pool_checks = enabled
-    _checks_enabled = enabled or _multi_device
 
 
 def _note_devices() -> None:
-    """After a capture: turn the device check on if this process sees several devices."""
-    global _multi_device, _checks_enabled
+    """After a capture: note whether this process sees several devices."""
+    global _multi_device
     if not _multi_device and _cuda.device_count() > 1:
         _multi_device = True
-        _checks_enabled = True
 
 
 _pool_module._check_listeners.append(_set_checks_enabled)
-
-
-class _GraphHandles:
-    """What a Graph owns, kept apart from it so a finalizer can free it without the Graph."""
-
-    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned")
-
-    def __init__(self) -> None:
-        self.graph = 0
-        self.exec = 0
-        self.pool: MemPool | None = None
-        self.seq = -1
-        self.keepalive: list[object] = []
-        self.owned = True  # False when an adapter's object (torch's CUDAGraph) frees them
-
-    def release(self) -> None:
-        """Destroy the executable and the graph and let go of the pool; never raises.
-
-        While any capture is underway (a garbage collection can run this in the middle of
-        one) the work is handed to a detached copy that runs when the last capture ends.
-        """
-        if capture_activity.active:
-            detached = _GraphHandles()
-            for name in self.__slots__:
-                setattr(detached, name, getattr(self, name))
-            type(self).__init__(self)
-            capture_activity.defer_or_run(detached.release)
-            return
-        if self.exec and self.owned:
-            _cuda.destroy_exec(self.exec)
-        if self.graph and self.owned:
-            _cuda.destroy_graph(self.graph)
-        self.exec = 0
-        self.graph = 0
-        self.owned = True
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            try:
-                pool._remove_graph(self.seq)
-            except Exception:  # noqa: BLE001 - runs from finalizers too
-                pass
-        self.keepalive = []
 
 
 class Graph:
@@ -266,12 +224,13 @@ class Graph:
         The graph runs on the device it was captured on, whatever device is current: with
         another device current, the launch switches to the graph's device and back (as
         ``torch.cuda.CUDAGraph.replay`` does), and ``stream=None`` means CuPy's current
-        stream *of the graph's device*.
+        stream *of the graph's device*. For a hot loop, :meth:`launcher` costs less.
 
         Parameters
         ----------
-        stream : cupy.cuda.Stream, optional
-            A stream of the graph's device; CuPy's current stream by default.
+        stream : cupy.cuda.Stream or int, optional
+            A stream of the graph's device (or a raw handle); CuPy's current stream by
+            default.
 
         Raises
         ------
@@ -279,20 +238,31 @@ class Graph:
             Before a successful capture or after :meth:`reset`, and for a stream of another
             device.
         """
-        if _checks_enabled:
+        if _pool_checks:
             return self._replay_checked(stream)
         try:
-            _launch(self._exec, _current_stream().ptr if stream is None else stream.ptr)
-        except (TypeError, AttributeError):
-            self._replay_slow(stream)
+            if stream is None:
+                # CuPy's current stream belongs to the current device, or says -1 (the null
+                # and per-thread streams follow it): only then, with several devices, ask CUDA.
+                current = _current_stream()
+                owner = current.device_id
+                if owner != self._device and (
+                        owner >= 0 or _multi_device and _get_device() != self._device):
+                    return self._replay_checked(None)
+            else:
+                # An explicit stream says its own device, not which device is current.
+                current, owner = stream, stream.device_id
+                if (owner != self._device and owner >= 0
+                        or _multi_device and _get_device() != self._device):
+                    return self._replay_checked(stream)
+            _launch(self._exec, current.ptr)
+        except (TypeError, AttributeError):  # no executable yet, an int handle...: say which
+            self._replay_checked(stream)
         except _cuda.CUDARuntimeError as exc:
             raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
 
-    def _replay_slow(self, stream) -> None:
-        ptr = stream_ptr(stream)
-        _launch(self._ready_exec("replay()"), ptr)
-
     def _replay_checked(self, stream) -> None:
+        """Replay with every check: the device switch, the stream's device, pool order."""
         exec_handle = self._ready_exec("replay()")
         device = self._device
         if _multi_device and _cuda.current_device() != device:
@@ -311,6 +281,37 @@ class Graph:
         pool._check_replay(handles.seq, ptr)
         _launch(exec_handle, ptr)
         pool._note_replay(handles.seq, ptr)
+
+    def launcher(self, stream=None) -> Launcher:
+        """The graph's launch on one stream as a C-level callable, for hot loops.
+
+        ``launch = g.launcher(); launch()`` does what ``g.replay()`` does at the cost of
+        CuPy's own ``Graph.launch``: the call runs no Python frame and checks nothing. The
+        stream is fixed now (``None``: CuPy's current stream of the graph's device, as it
+        is now); there is no device switch (call it with the graph's device current); CUDA
+        failures raise CuPy's ``CUDARuntimeError``. The launcher holds this Graph, follows
+        the executable of a new :meth:`instantiate`, and raises ReplayError after
+        :meth:`reset`. See :class:`cugraphrt.Launcher` for the whole contract.
+
+        Parameters
+        ----------
+        stream : cupy.cuda.Stream or int, optional
+            A stream of the graph's device (or a raw handle).
+
+        Returns
+        -------
+        Launcher
+            Call it with no argument.
+
+        Raises
+        ------
+        ReplayError
+            Before a successful capture or after :meth:`reset`, for a stream of another
+            device, and for a graph captured by ``cugraphrt_torch`` (torch's ``CUDAGraph``
+            owns its executable, and its replay also advances torch's RNG offsets, which a
+            bare launch would skip: use :meth:`replay`).
+        """
+        return _launcher.for_graph(self, stream)
 
     def _ready_exec(self, what: str) -> int:
         if self._capture is not None:
@@ -360,12 +361,14 @@ class Graph:
                 "it is instantiated once by the adapter and cannot be re-instantiated"
             )
         if handles.exec:
+            handles.suspend_launchers()  # before the executable goes
             _cuda.destroy_exec(handles.exec)
             handles.exec = 0
             self._exec = None
         with _on_device(self._device):  # the executable belongs to the graph's context
             handles.exec = _cuda.instantiate(handles.graph)
         self._exec = handles.exec
+        _launcher.arm_all(handles.launchers)
 
     # -- lifetime --------------------------------------------------------------------------
 
@@ -376,7 +379,7 @@ class Graph:
         """
         if self._capture is not None:
             self._abort_capture(CaptureError("capture reset"))
-        self._handles.release()
+        self._handles.release("reset")
         self.__dict__.pop("replay", None)  # an adapter's replay, if one was adopted
         self._captured = False
         self._exec = None

@@ -45,6 +45,10 @@ class BenchRecord(_Model):
     repeats : int
         Number of samples behind the statistics (1 for a single measurement such as a
         memory size).
+    samples : list of float
+        The samples, in ``unit``, in the order measured: round by round for interleaved
+        systems, so the i-th samples of a row's systems were taken side by side (empty in
+        reports written before they were kept).
     device : str
         The GPU the run used.
     versions : dict of str to str
@@ -59,6 +63,7 @@ class BenchRecord(_Model):
     min: float
     max: float
     repeats: int = Field(ge=1)
+    samples: list[float] = []
     device: str
     versions: dict[str, str]
 
@@ -71,6 +76,9 @@ class BenchRecord(_Model):
                 f"statistics out of order (got min={self.min}, median={self.median}, "
                 f"max={self.max}); expected min <= median <= max"
             )
+        if self.samples and len(self.samples) != self.repeats:
+            raise ValueError(f"{len(self.samples)} samples behind {self.repeats} repeats (got "
+                             f"both); expected one sample per repeat, or none")
         return self
 
 
@@ -131,6 +139,12 @@ class TargetResult(_Model):
     ----------
     ratio : float or None
         ``system / reference`` medians; None when either cell has no value.
+    low, high : float or None
+        The ratio's 95% paired bootstrap interval over the repeats
+        (:mod:`cugraphrt.bench.spread`); None for single measurements.
+    within_spread : bool
+        The threshold lies inside ``[low, high]``: the verdict was decided inside the
+        spread (shown as ``PASS~`` / ``MISS~``), by noise as much as by the system.
     status : {"PASS", "MISS", "N/A"}
         ``N/A`` when the ratio could not be computed (``note`` says why).
     """
@@ -142,8 +156,16 @@ class TargetResult(_Model):
     threshold: float = Field(gt=0)
     direction: Literal["at_most", "at_least"]
     ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    within_spread: bool = False
     status: Literal["PASS", "MISS", "N/A"]
     note: str = ""
+
+    @property
+    def label(self) -> str:
+        """``PASS``, ``MISS`` or ``N/A``, with ``~`` when decided inside the spread."""
+        return self.status + ("~" if self.within_spread else "")
 
 
 class BenchReport(_Model):

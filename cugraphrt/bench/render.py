@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import cast
 
+from . import spread
 from .records import BenchRecord, BenchReport, RowInfo
 
 __all__ = ["render_report", "render_table", "render_targets", "format_value", "plot_rows",
@@ -79,7 +80,8 @@ def render_table(report: BenchReport, descriptions: Mapping[str, str] | None = N
         blocks.append("\n".join(lines))
     if not blocks:
         return "no workload ran"
-    legend = "medians over repeats; * = the row's reference; ratio = subject / reference"
+    legend = ("medians over repeats; * = the row's reference; ratio = subject / reference "
+              "[95% interval over the repeats]")
     return legend + "\n\n" + "\n\n".join(blocks)
 
 
@@ -131,7 +133,9 @@ def _ratio(report: BenchReport, row: RowInfo) -> str:
     reference = report.record(row.workload, row.metric, row.reference)
     if subject is None or reference is None or reference.median <= 0:
         return "-"
-    return f"{subject.median / reference.median:.2f}x"
+    interval = spread.ratio_interval(subject.samples, reference.samples)
+    text = f"{subject.median / reference.median:.2f}x"
+    return f"{text} {spread.format_interval(interval)}" if interval else text
 
 
 def render_targets(report: BenchReport) -> str:
@@ -143,9 +147,15 @@ def render_targets(report: BenchReport) -> str:
         sign = "<=" if t.direction == "at_most" else ">="
         bound = f"(target {sign} {t.threshold:.2f}x)"
         ratio = f"= {t.ratio:.3f}x " if t.ratio is not None else ""
-        line = (f"  {t.status:<4}  {t.workload:<13} {t.system} / {t.reference} {ratio}{bound}"
+        if t.low is not None and t.high is not None:
+            ratio += spread.format_interval((t.low, t.high), digits=3) + " "
+        line = (f"  {t.label:<5} {t.workload:<13} {t.system} / {t.reference} {ratio}{bound}"
                 f"  [{t.metric}]")
         lines.append(line + (f": {t.note}" if t.note else ""))
+    if any(t.within_spread for t in report.targets):
+        lines.append(f"  ~ : the target lies inside the ratio's {spread.LEVEL:.0%} interval over "
+                     f"the repeats: the verdict is decided by noise as much as by the system; "
+                     f"rerun before reading a change into it (docs/performance.md)")
     return "\n".join(lines)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import gc
 import importlib.util
-import platform
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -21,7 +20,8 @@ from time import perf_counter
 from typing import Any
 
 from .._exit_codes import NO_GPU_EXIT_CODE
-from . import render
+from . import render, spread
+from .host import collect_versions, device_name
 from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, WorkloadError
 from .spec import Context, Failed, NotAvailable, Row, Workload, describe
 from .timing import Summary
@@ -271,7 +271,8 @@ def _add_row(report: BenchReport, workload: str, row: Row) -> None:
         if isinstance(cell, Summary):
             report.records.append(BenchRecord(
                 **where, unit=row.unit, median=cell.median, min=cell.min, max=cell.max,
-                repeats=cell.repeats, device=report.device, versions=report.versions))
+                repeats=cell.repeats, samples=list(cell.samples), device=report.device,
+                versions=report.versions))
         elif isinstance(cell, Failed):
             report.notes.append(CellNote(**where, status="error", message=cell.message))
         else:
@@ -312,48 +313,11 @@ def _verdict(report: BenchReport, target, metric: str, base: dict) -> TargetResu
         return TargetResult(**base, metric=metric, ratio=None, status="N/A",
                             note=f"{target.reference} is {reference.median}")
     ratio = subject.median / reference.median
-    return TargetResult(**base, metric=metric, ratio=ratio,
+    interval = spread.ratio_interval(subject.samples, reference.samples)
+    low, high = interval if interval is not None else (None, None)
+    return TargetResult(**base, metric=metric, ratio=ratio, low=low, high=high,
+                        within_spread=spread.inside(target.threshold, interval),
                         status="PASS" if target.holds(ratio) else "MISS")
-
-
-# -- environment ---------------------------------------------------------------------------
-
-
-def device_name() -> str:
-    """The current GPU's name and compute capability."""
-    import cupy
-
-    runtime = cupy.cuda.runtime
-    props = runtime.getDeviceProperties(runtime.getDevice())
-    name = props["name"]
-    name = name.decode() if isinstance(name, bytes) else str(name)
-    return f"{name} (sm_{props['major']}{props['minor']})"
-
-
-def collect_versions() -> dict[str, str]:
-    """Versions of what the run used; torch and the adapter only if a workload loaded them."""
-    import cupy
-    import numpy
-
-    import cugraphrt
-
-    versions = {"cugraphrt": cugraphrt.__version__, "cupy": cupy.__version__,
-                "numpy": numpy.__version__, "python": platform.python_version()}
-    try:
-        runtime = cupy.cuda.runtime
-        versions["cuda_runtime"] = _cuda_version(runtime.runtimeGetVersion())
-        versions["cuda_driver"] = _cuda_version(runtime.driverGetVersion())
-    except Exception:  # noqa: BLE001 - versions are informative only
-        pass
-    for name in ("torch", "triton", "cugraphrt_torch"):
-        module = sys.modules.get(name)
-        if module is not None:
-            versions[name] = str(getattr(module, "__version__", "unknown"))
-    return versions
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}"
 
 
 # -- progress ------------------------------------------------------------------------------

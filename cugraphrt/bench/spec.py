@@ -31,6 +31,7 @@ __all__ = [
     "Context",
     "describe",
     "keep",
+    "measure_together",
     "cycling",
     "check_close",
     "verify",
@@ -142,6 +143,13 @@ class RowBuilder:
         for name, values in samples.items():
             self.set(name, timing.summarize(values).scaled(scale))
 
+    def fail_once(self, system: str, exc: BaseException, others: Sequence[RowBuilder]) -> None:
+        """Mark ``system`` failed here (with its traceback) and in ``others`` (without)."""
+        self.fail(system, exc)
+        for other in others:
+            if other is not self and system in other.row.systems:
+                other.row.cells[system] = self.row.cells[system]
+
     def build(self) -> Row:
         """The row; systems never set up are marked n/a."""
         for system in self.row.systems:
@@ -241,6 +249,34 @@ class Context:
     def step(self, detail: str) -> None:
         """Report progress inside the workload (shown on the progress bar)."""
         self.progress(detail)
+
+
+def measure_together(rows: Sequence[RowBuilder], batches: Mapping[str, Callable[[], float] | None],
+                     repeats: int, *, scale: float, warmup: int = 2) -> None:
+    """Time the systems of several rows in one interleaved rotation (A, B, C, A, B, C, ...).
+
+    Each system's cell goes to every row that lists it, so rows that share a reference
+    divide by the same samples, taken in the same rounds as their subjects. A system whose
+    entry is None failed its set-up in one row: that cell is copied to the others.
+    """
+    for name, batch in batches.items():
+        holders = [row for row in rows if name in row.row.systems]
+        done = next((row.row.cells[name] for row in holders if name in row.row.cells), None)
+        if batch is None and done is not None:
+            for row in holders:
+                row.row.cells.setdefault(name, done)
+
+    def fail(name: str, exc: BaseException) -> None:
+        holders = [row for row in rows if name in row.row.systems]
+        holders[0].fail_once(name, exc, holders)
+
+    live = {name: batch for name, batch in batches.items() if batch is not None}
+    samples = timing.interleave(live, repeats, warmup=warmup, on_error=fail)
+    for name, values in samples.items():
+        summary = timing.summarize(values).scaled(scale)
+        for row in rows:
+            if name in row.row.systems:
+                row.set(name, summary)
 
 
 def keep(fn: Callable[..., float], *args: object) -> Callable[[], float]:

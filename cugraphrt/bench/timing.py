@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from time import perf_counter
 
 __all__ = [
@@ -51,20 +51,25 @@ class Summary:
     median, min, max : float
     repeats : int
         Number of samples.
+    samples : tuple of float
+        The samples themselves, in the order measured (round by round when the systems were
+        interleaved): the spread of a ratio is computed from them. Not compared by ``==``.
     """
 
     median: float
     min: float
     max: float
     repeats: int
+    samples: tuple[float, ...] = field(default=(), compare=False)
 
     def scaled(self, factor: float) -> Summary:
         """The same statistics multiplied by ``factor`` (a unit change)."""
-        return Summary(self.median * factor, self.min * factor, self.max * factor, self.repeats)
+        return Summary(self.median * factor, self.min * factor, self.max * factor, self.repeats,
+                       tuple(v * factor for v in self.samples))
 
 
 def summarize(samples: Sequence[float]) -> Summary:
-    """Median, min and max of ``samples``.
+    """Median, min and max of ``samples`` (kept too, in order).
 
     Raises
     ------
@@ -74,12 +79,12 @@ def summarize(samples: Sequence[float]) -> Summary:
     if not samples:
         raise ValueError("no samples to summarize (got an empty list); measure at least once")
     return Summary(float(statistics.median(samples)), float(min(samples)),
-                   float(max(samples)), len(samples))
+                   float(max(samples)), len(samples), tuple(float(v) for v in samples))
 
 
 def single(value: float) -> Summary:
     """The statistics of one measurement (a memory size, read once)."""
-    return Summary(value, value, value, 1)
+    return Summary(value, value, value, 1, (value,))
 
 
 def device_sync() -> None:

@@ -150,7 +150,7 @@ CG_TOLERANCE = Workload(
     f"10, a graph of the known iteration count, one launch with cugraphrt.while_loop",
     CG_SYSTEMS, "eager_check_10",
     (Target("while_loop", "eager_check_10", 1 / 1.5, metric="solve"),
-     Target("while_loop", "eager_check_1", 1 / 5, metric="solve")),
+     Target("while_loop", "eager_check_1", 0.25, metric="solve")),
     run_cg_tolerance)
 
 # -- decode_until_eos ------------------------------------------------------------------------

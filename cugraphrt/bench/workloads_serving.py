@@ -339,13 +339,14 @@ def run_serving(ctx: Context) -> None:
         raise error
 
 
+# The targets are against what buckets can reach, the oracle (a graph per exact size); the
+# gain over today's eager fallback is reported without a target: its reference is host-bound
+# and moves with the host (0.31x to 0.34x on two GPU hosts, issue 24).
 SERVING = Workload(
     "serving", f"{STREAM_LENGTH} requests of batch 1..{MAX_BATCH} through one graphed callable; "
     "device time per call (events around the stream), pool MiB, capture ms",
     (*CONVNET_SYSTEMS, "largest_alone"), "today",
-    (Target("bucketed", "today", 1 / 3, metric=f"{CONVNET} per call"),
-     Target("bucketed", "today", 1 / 3, metric=f"{MLP} per call"),
-     Target("bucketed", "oracle", 1.15, metric=f"{CONVNET} vs oracle"),
-     Target("bucketed", "oracle", 1.15, metric=f"{MLP} vs oracle"),
+    (Target("bucketed", "oracle", 1.10, metric=f"{CONVNET} vs oracle"),
+     Target("bucketed", "oracle", 1.10, metric=f"{MLP} vs oracle"),
      Target("bucketed", "largest_alone", 1.30)),
     run_serving)

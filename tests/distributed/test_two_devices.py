@@ -125,3 +125,50 @@ def test_one_thread_switching_devices():
                 x[...] = cupy.random.standard_normal(x.size, dtype=cupy.float32)
                 g.replay()
                 cupy.testing.assert_array_equal(y, cupy.sin(x) * float(device + 2) + 1)
+
+
+def test_replay_from_a_non_default_stream_of_another_device():
+    # CuPy's current stream of device 1 says device 1: the fast path must not launch there.
+    g0, x0, y0 = _capture_on(0, 2.0)
+    with cupy.cuda.Device(0):
+        x0[...] = cupy.random.standard_normal(x0.size, dtype=cupy.float32)
+        expected = cupy.sin(x0) * 2.0 + 1
+    with cupy.cuda.Device(1):
+        stream1 = cupy.cuda.Stream(non_blocking=True)
+        with stream1:
+            g0.replay()
+    with cupy.cuda.Device(0):
+        cupy.testing.assert_array_equal(y0, expected)
+
+
+def test_launcher_of_a_graph_on_another_device():
+    g1, x1, y1 = _capture_on(1, 3.0)
+    with cupy.cuda.Device(0):
+        launch = g1.launcher()  # binds device 1's current stream, whatever is current
+        with pytest.raises(ReplayError, match="belongs to device 0"):
+            g1.launcher(cupy.cuda.Stream(non_blocking=True))
+    with cupy.cuda.Device(1):
+        x1[...] = cupy.random.standard_normal(x1.size, dtype=cupy.float32)
+        expected = cupy.sin(x1) * 3.0 + 1
+        launch()
+        cupy.testing.assert_array_equal(y1, expected)
+    # From device 0 the launcher makes no switch: CUDA either launches on the graph's own
+    # stream and device, or refuses. Never anything else (run with -s to see which).
+    with cupy.cuda.Device(1):
+        x1[...] = cupy.random.standard_normal(x1.size, dtype=cupy.float32)
+        expected = cupy.sin(x1) * 3.0 + 1
+        y1.fill(0)
+        cupy.cuda.runtime.deviceSynchronize()
+    with cupy.cuda.Device(0):
+        try:
+            launch()
+            outcome = "launched"
+        except cupy.cuda.runtime.CUDARuntimeError as exc:
+            outcome = f"refused: {exc}"
+    print(f"launcher called under another device: {outcome}")
+    with cupy.cuda.Device(1):
+        cupy.cuda.runtime.deviceSynchronize()
+        if outcome == "launched":
+            cupy.testing.assert_array_equal(y1, expected)
+        else:
+            assert float(abs(y1).max()) == 0.0

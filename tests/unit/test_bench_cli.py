@@ -190,7 +190,7 @@ def test_report_json_round_trip_validates():
     assert again == report
     data = json.loads(text)
     assert set(data["records"][0]) == {"workload", "system", "metric", "unit", "median", "min",
-                                       "max", "repeats", "device", "versions"}
+                                       "max", "repeats", "samples", "device", "versions"}
 
 
 @pytest.mark.parametrize("change", [
@@ -198,6 +198,7 @@ def test_report_json_round_trip_validates():
     {"max": 1.0},                # max below the median
     {"repeats": 0},
     {"extra_field": 1},
+    {"samples": [2.0, 2.5]},     # two samples behind five repeats
 ])
 def test_bench_record_rejects_inconsistent_values(change):
     fields = dict(workload="w", system="s", metric="m", unit="us", median=2.0, min=1.0,

@@ -3,7 +3,6 @@ the replay's device switch on a Graph whose CUDA calls are replaced by recorders
 
 from __future__ import annotations
 
-import contextlib
 import gc
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import cugraphrt
 from cugraphrt import MemPool, OptionsError, ReplayError, _cuda, devices, graphs
 
+from .fake_devices import FakeDevices, Stream
 from .fakes import FakeBackingAllocator
 from .test_pool import capture
 
@@ -80,112 +80,69 @@ def test_device_stats_sum_pools_per_device():
             pool._remove_graph(seq)
 
 
-class _Stream:
-    def __init__(self, ptr, device_id=-1, device_index=None):
-        self.ptr = ptr
-        self.device_id = device_id
-        if device_index is not None:
-            self.device_index = device_index
-
-
 def test_stream_device_reads_cupy_and_torch_streams():
-    assert devices.stream_device(_Stream(5, device_id=1)) == 1
-    assert devices.stream_device(_Stream(5)) == -1  # the null stream follows the device
-    assert devices.stream_device(_Stream(5, device_index=0)) == 0
+    assert devices.stream_device(Stream(5, device_id=1)) == 1
+    assert devices.stream_device(Stream(5)) == -1  # the null stream follows the device
+    assert devices.stream_device(Stream(5, device_index=0)) == 0
     assert devices.stream_device(1234) == -1
 
 
 def test_capture_stream_of_another_device_is_refused():
     with pytest.raises(OptionsError, match=r"stream of the current device 0 \(got a stream of "
                                            r"device 1\).*cupy.cuda.Device\(1\)"):
-        devices.check_capture_stream(_Stream(5, device_id=1), 0)
-    devices.check_capture_stream(_Stream(5, device_id=0), 0)
-    devices.check_capture_stream(_Stream(0), 1)
+        devices.check_capture_stream(Stream(5, device_id=1), 0)
+    devices.check_capture_stream(Stream(5, device_id=0), 0)
+    devices.check_capture_stream(Stream(0), 1)
 
 
 @pytest.fixture
-def fake_graph(monkeypatch, two_devices):
-    """A captured Graph of device 1 whose launch, streams and device switch are recorders."""
-    launches = []
-    state = two_devices
-
-    @contextlib.contextmanager
-    def on_device(device):
-        previous, state["current"] = state["current"], device
-        try:
-            yield
-        finally:
-            state["current"] = previous
-
-    monkeypatch.setattr(graphs, "_on_device", on_device)
-    monkeypatch.setattr(graphs, "_launch",
-                        lambda exec_handle, ptr: launches.append((exec_handle, ptr,
-                                                                  state["current"])))
-    # CuPy's current stream per device: device d's is 0x100 + d.
-    def current_stream(device=-1):
-        return _Stream(0x100 + (state["current"] if device < 0 else device))
-
-    monkeypatch.setattr(graphs, "_current_stream", current_stream)
-    monkeypatch.setattr(devices, "_current_stream", current_stream)
-    monkeypatch.setattr(graphs, "_pool_checks", False)
-    monkeypatch.setattr(graphs, "_multi_device", False)
-    monkeypatch.setattr(graphs, "_checks_enabled", False)
-    g = graphs.Graph()
-    g._captured, g._exec, g._device = True, 0xE1, 1
-    g._handles.exec = 0  # nothing for the finalizer to destroy
-    return g, launches, state
+def fake_graph(monkeypatch):
+    """A captured Graph of device 1 on two fake devices, device 0 current."""
+    fake = FakeDevices(monkeypatch, count=2)
+    return fake.graph(device=1, exec_handle=0xE1), fake
 
 
-def test_a_second_device_turns_the_replay_check_on(fake_graph):
-    graphs._note_devices()
-    assert graphs._multi_device and graphs._checks_enabled
-    cugraphrt.set_pool_checks(False)  # the pool checks going off leaves the device check on
-    try:
-        assert graphs._checks_enabled and not graphs._pool_checks
-    finally:
-        cugraphrt.set_pool_checks(False)
+def test_a_second_device_is_noted_and_leaves_the_pool_checks_off(fake_graph):
+    assert graphs._multi_device and not graphs._pool_checks
 
 
 def test_replay_under_another_device_launches_on_the_graphs_device(fake_graph):
-    g, launches, state = fake_graph
-    graphs._note_devices()
+    g, fake = fake_graph
     g.replay()  # device 0 current: switch to 1, its current stream, then back
-    assert launches == [(0xE1, 0x101, 1)] and state["current"] == 0
-    state["current"] = 1
-    g.replay(_Stream(0x555, device_id=1))
-    assert launches[-1] == (0xE1, 0x555, 1)
+    assert fake.launches == [(0xE1, 0x101, 1)] and fake.current == 0
+    fake.current = 1
+    g.replay(Stream(0x555, device_id=1))
+    assert fake.launches[-1] == (0xE1, 0x555, 1)
     g.replay(0x777)  # int handles are taken as given
-    assert launches[-1] == (0xE1, 0x777, 1)
+    assert fake.launches[-1] == (0xE1, 0x777, 1)
 
 
 def test_replay_on_a_stream_of_another_device_is_a_replay_error(fake_graph):
-    g, launches, _ = fake_graph
-    graphs._note_devices()
+    g, fake = fake_graph
     with pytest.raises(ReplayError, match=r"stream belongs to device 0 \(got a graph captured "
                                           r"on device 1\)"):
-        g.replay(_Stream(0x555, device_id=0))
-    assert launches == []
+        g.replay(Stream(0x555, device_id=0))
+    assert fake.launches == []
 
 
 def test_replay_stream_check_reads_torch_streams_too():
     # What the torch adapter's replay calls with a torch stream (device_index).
-    devices.check_replay_stream(_Stream(5, device_index=1), 1)
-    devices.check_replay_stream(_Stream(5), 1)  # the null stream follows the device
+    devices.check_replay_stream(Stream(5, device_index=1), 1)
+    devices.check_replay_stream(Stream(5), 1)  # the null stream follows the device
     devices.check_replay_stream(0x777, 1)  # int handles are taken as given
     with pytest.raises(ReplayError, match=r"stream belongs to device 0 \(got a graph captured "
                                           r"on device 1\)"):
-        devices.check_replay_stream(_Stream(5, device_index=0), 1)
+        devices.check_replay_stream(Stream(5, device_index=0), 1)
 
 
-def test_single_device_replay_takes_the_unchecked_path(fake_graph, monkeypatch):
-    g, launches, state = fake_graph
-    monkeypatch.setattr(_cuda, "device_count", lambda: 1)
-    graphs._note_devices()
-    assert not graphs._checks_enabled
-    state["current"] = 1
+def test_single_device_replay_takes_the_fast_path(monkeypatch):
+    fake = FakeDevices(monkeypatch, count=1)
+    assert not graphs._multi_device
+    g = fake.graph(device=0, exec_handle=0xE1)
+    fake.use_null_stream()  # one device: even the null stream needs no device query
     g.replay()
-    assert launches == [(0xE1, 0x101, 1)]
-    assert g.device_id == 1 and graphs.Graph().device_id is None
+    assert fake.launches == [(0xE1, 0, 0)] and fake.device_queries == 0
+    assert g.device_id == 0 and graphs.Graph().device_id is None
 
 
 def test_info_shows_pools_and_nccl_per_gpu():

@@ -144,7 +144,7 @@ def test_public_namespace():
     for name in ("Graph", "graph", "make_graphed", "MemPool", "graph_pool_handle",
                  "is_current_stream_capturing", "memory_summary", "empty_cache",
                  "set_pool_checks", "CaptureError", "ReplayError", "PoolOutOfMemoryError",
-                 "PoolOrderError", "CugraphrtError", "PoolStats", "while_loop", "cond"):
+                 "PoolOrderError", "CugraphrtError", "PoolStats", "while_loop", "cond", "Launcher"):
         assert name in cugraphrt.__all__ and hasattr(cugraphrt, name)
     assert cugraphrt.__version__
 
@@ -155,8 +155,8 @@ def test_pool_checks_switch_reaches_the_replay_path(monkeypatch):
     monkeypatch.setattr(pool, "_checks_enabled", False)
     try:
         cugraphrt.set_pool_checks(True)
-        assert cugraphrt.pool_checks_enabled() and graphs._checks_enabled
+        assert cugraphrt.pool_checks_enabled() and graphs._pool_checks
         cugraphrt.set_pool_checks(False)
-        assert not cugraphrt.pool_checks_enabled() and not graphs._checks_enabled
+        assert not cugraphrt.pool_checks_enabled() and not graphs._pool_checks
     finally:
         cugraphrt.set_pool_checks(False)

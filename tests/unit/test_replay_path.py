@@ -1,0 +1,122 @@
+"""Graph.replay's paths on fake devices: what it launches, on which device and stream, and how
+many Python frames and C calls each path costs (issue 24: the cost of a replay on the graph's
+own device must not depend on how many devices the process sees)."""
+
+from __future__ import annotations
+
+import pytest
+
+import cugraphrt
+from cugraphrt import PoolOrderError, ReplayError, graphs
+from cugraphrt._replay_order import ReplayOrder
+
+from .fake_devices import FakeDevices, Stream, call_profile
+from .fakes import FakeBackingAllocator
+from .test_pool import capture
+
+FAST = ["Graph.replay"]
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+def test_replay_on_the_graphs_device_is_one_frame_whatever_the_device_count(monkeypatch,
+                                                                            count):
+    fake = FakeDevices(monkeypatch, count=count)
+    g = fake.graph(device=0, exec_handle=0xE0)
+    profile = call_profile(g.replay)
+    assert profile.frames == FAST
+    assert profile.c_calls == ["get_current_stream", "cudaGraphLaunch"]
+    assert fake.launches == [(0xE0, 0x100, 0)]
+
+
+def test_null_stream_with_several_devices_asks_cuda_once(monkeypatch):
+    fake = FakeDevices(monkeypatch, count=2)
+    fake.use_null_stream()  # device_id -1: it does not say which device is current
+    g = fake.graph(device=0, exec_handle=0xE0)
+    profile = call_profile(g.replay)
+    assert profile.frames == FAST
+    assert profile.c_calls == ["get_current_stream", "cudaGetDevice", "cudaGraphLaunch"]
+    fake.current = 1  # the null stream of device 1 would be the wrong one: switch
+    g.replay()
+    assert fake.launches == [(0xE0, 0, 0), (0xE0, 0, 0)] and fake.current == 1
+
+
+def test_explicit_stream_of_the_graphs_device(monkeypatch):
+    fake = FakeDevices(monkeypatch, count=2)
+    g = fake.graph(device=1, exec_handle=0xE1)
+    mine = Stream(0x901, device_id=1)
+    fake.current = 1
+    profile = call_profile(lambda: g.replay(mine))
+    assert profile.frames[1:] == FAST  # after the lambda's own frame
+    assert profile.c_calls == ["cudaGetDevice", "cudaGraphLaunch"]
+    fake.current = 0  # the stream says its device, not the current one: switch to launch
+    g.replay(mine)
+    assert fake.launches == [(0xE1, 0x901, 1), (0xE1, 0x901, 1)] and fake.current == 0
+
+
+def test_a_stream_of_another_device_is_refused_from_either_device(monkeypatch):
+    fake = FakeDevices(monkeypatch, count=2)
+    g = fake.graph(device=1, exec_handle=0xE1)
+    for current in (0, 1):
+        fake.current = current
+        with pytest.raises(ReplayError, match=r"stream belongs to device 0 \(got a graph "
+                                              r"captured on device 1\); replay on a stream "
+                                              r"of device 1"):
+            g.replay(Stream(0x900, device_id=0))
+    assert fake.launches == [] and fake.current == 1
+
+
+def test_replay_under_another_device_switches_and_restores(monkeypatch):
+    fake = FakeDevices(monkeypatch, count=2)
+    g = fake.graph(device=1, exec_handle=0xE1)
+    g.replay()
+    assert fake.launches == [(0xE1, 0x101, 1)] and fake.current == 0
+    g.replay(0x777)  # an int handle is taken as given, on the graph's device
+    assert fake.launches[-1] == (0xE1, 0x777, 1) and fake.current == 0
+
+
+@pytest.mark.parametrize("count", [1, 2])
+def test_replay_before_capture_and_after_reset_is_a_replay_error(monkeypatch, count):
+    fake = FakeDevices(monkeypatch, count=count)
+    with pytest.raises(ReplayError, match=r"before a successful capture or after reset\(\)"):
+        graphs.Graph().replay()
+    g = fake.graph(device=0)
+    g.replay()
+    g.reset()
+    with pytest.raises(ReplayError, match=r"after reset\(\) \(got an empty Graph\)"):
+        g.replay(Stream(0x900, device_id=0))
+    assert len(fake.launches) == 1
+
+
+@pytest.fixture
+def three_graphs_one_pool(monkeypatch):
+    """Three fake graphs sharing a pool, pool-order checks on (no CUDA event: a fake note)."""
+    fake = FakeDevices(monkeypatch, count=2)
+
+    def note(self, seq, stream_ptr):
+        self.last, self.last_stream = seq, stream_ptr
+
+    monkeypatch.setattr(ReplayOrder, "note", note)
+    pool = cugraphrt.MemPool(backing=FakeBackingAllocator(device_id=0))
+    made = []
+    for exec_handle in (0xA, 0xB, 0xC):
+        seq, _ = capture(pool, [4096])
+        g = fake.graph(device=0, exec_handle=exec_handle)
+        g._handles.pool, g._handles.seq = pool, seq
+        made.append(g)
+    cugraphrt.set_pool_checks(True)
+    yield fake, made
+    cugraphrt.set_pool_checks(False)
+    for g in made:
+        g.reset()
+
+
+def test_pool_order_checks_still_run_on_every_replay(three_graphs_one_pool):
+    fake, (a, b, c) = three_graphs_one_pool
+    for g in (a, b, b, c, a, b):  # in order, repeats, a new round
+        g.replay()
+    with pytest.raises(PoolOrderError, match=r"graph #3 of the 3 graphs sharing memory pool "
+                                             r"\d+ was replayed right after graph #1 \(got an "
+                                             r"out-of-order replay\)"):
+        a.replay(Stream(0x100, device_id=0))  # also with an explicit stream
+        c.replay()  # skips graph #2: refused before the launch
+    assert [launch[0] for launch in fake.launches] == [0xA, 0xB, 0xB, 0xC, 0xA, 0xB, 0xA]
