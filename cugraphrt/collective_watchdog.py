@@ -30,14 +30,15 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from . import _cuda
 from .collective_log import CollectiveLog
 from .errors import CollectiveTimeoutError, OptionsError
 
-__all__ = ["ENV", "collective_timeout", "set_collective_timeout", "watch", "pending_error",
-           "reset"]
+__all__ = ["ENV", "collective_timeout", "set_collective_timeout", "watch", "guard_capture",
+           "pending_error", "reset"]
 
 #: The environment variable that turns the watchdog on: a timeout in seconds.
 ENV = "CUGRAPHRT_COLLECTIVE_TIMEOUT"
@@ -163,6 +164,12 @@ class _Watcher:
             f"{now - entry.started:.1f} s); another rank did not replay the same graph, "
             f"replayed graphs in another order, or is stuck: compare every rank's stacks. The "
             f"communicator was aborted: restart the process group (or the processes)")
+        self.fire(error, exchanger, entry.thread)
+
+    def fire(self, error: CollectiveTimeoutError, exchanger: Any, thread: int) -> None:
+        """Report ``error`` with every thread's stack, abort, raise it in ``thread``."""
+        if self.error is not None:
+            return
         self.error = error
         print(f"cugraphrt collective watchdog: {error}\nPython stacks of every thread:",
               file=sys.stderr, flush=True)
@@ -172,7 +179,7 @@ class _Watcher:
             pass
         threading.Thread(target=_abort_quietly, args=(exchanger,), daemon=True,
                          name="cugraphrt-collective-abort").start()
-        _raise_in(entry.thread, error)
+        _raise_in(thread, error)
 
 
 def _abort_quietly(exchanger: Any) -> None:
@@ -203,6 +210,39 @@ _watcher = _Watcher()
 def watch(stream: int, device: int, log: CollectiveLog, timeout: float) -> None:
     """After a replay of ``log``'s graph on ``stream``: watch it (see the module docstring)."""
     _watcher.add(stream, device, log, timeout)
+
+
+def guard_capture(what: str, exchanger: Any) -> Callable[[], None]:
+    """Watch a capture that may issue collectives; returns the function that ends the watch.
+
+    Nothing runs on the GPU during a capture, but a collective's first use of a size or
+    algorithm makes NCCL connect to its peers from the host, which blocks while a peer does
+    not capture the same collective. With a timeout set, a capture still underway after it
+    fires like a stuck replay; without one this returns a no-op.
+    """
+    timeout = collective_timeout()
+    if timeout is None:
+        return _no_watch
+    thread = threading.get_ident()
+    started = time.monotonic()
+
+    def expire() -> None:
+        _watcher.fire(CollectiveTimeoutError(
+            f"{exchanger.describe()}: {what} did not finish within {timeout:g} s (got it still "
+            f"capturing after {time.monotonic() - started:.1f} s); a collective inside it "
+            f"waits for a peer that does not capture the same collective (NCCL connects to "
+            f"its peers on a collective's first use: warm every collective up on every rank "
+            f"before capturing): compare every rank's stacks. The communicator was aborted"),
+            exchanger, thread)
+
+    timer = threading.Timer(timeout, expire)
+    timer.daemon = True
+    timer.start()
+    return timer.cancel
+
+
+def _no_watch() -> None:
+    return None
 
 
 def pending_error() -> CollectiveTimeoutError | None:

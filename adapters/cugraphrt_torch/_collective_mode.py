@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,6 +29,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from cugraphrt.collective_log import Collective, log_for, track
 from cugraphrt.collective_replay import first_replay
+from cugraphrt.collective_watchdog import collective_timeout, guard_capture
 from cugraphrt.crossrank import exchange_over_store
 
 from . import _torch
@@ -158,9 +160,28 @@ def enabled() -> bool:
     return bool(dist.is_available() and dist.is_initialized())
 
 
-def recording(capture: Any):
-    """The context that records ``capture``'s collectives (nothing without a process group)."""
-    return _Recorder(capture) if enabled() else contextlib.nullcontext()
+@contextlib.contextmanager
+def recording(capture: Any) -> Iterator[None]:
+    """Record ``capture``'s collectives while the block runs (nothing without a process
+    group); with a collective timeout set, watch the capture itself too (see
+    :func:`cugraphrt.collective_watchdog.guard_capture`)."""
+    if not enabled():
+        yield
+        return
+    stop = _no_guard
+    if collective_timeout() is not None:
+        world = TorchExchanger()
+        world.bind(frozenset({str(torch.distributed.group.WORLD.group_name)}))
+        stop = guard_capture("a capture with torch.distributed initialized", world)
+    try:
+        with _Recorder(capture):
+            yield
+    finally:
+        stop()
+
+
+def _no_guard() -> None:
+    return None
 
 
 _counters: dict[str, int] = {}

@@ -128,7 +128,13 @@ class graph:
         # Collectives issued during the capture are recorded (a dispatch mode, only with
         # torch.distributed initialized): see _collective_mode.
         recorder = _collective_mode.recording(self._session.capture)
-        recorder.__enter__()
+        try:
+            recorder.__enter__()
+        except BaseException as exc:
+            session, self._session, self._contexts = self._session, None, None
+            session.abort(exc)
+            contexts.close()
+            raise
         self._recorder = recorder
         return self
 
