@@ -59,7 +59,8 @@ _RED_OPS: dict[int, str] = {}
 
 def _reduce_name(op: Any) -> str:
     if not _RED_OPS:
-        for name, value in torch.distributed.ReduceOp.RedOpType.__members__.items():
+        members: Any = torch.distributed.ReduceOp.RedOpType.__members__
+        for name, value in members.items():
             _RED_OPS[int(value)] = name.lower()
     try:
         return _RED_OPS.get(int(op.op()), "op")
@@ -171,7 +172,8 @@ def recording(capture: Any) -> Iterator[None]:
     stop = _no_guard
     if collective_timeout() is not None:
         world = TorchExchanger()
-        world.bind(frozenset({str(torch.distributed.group.WORLD.group_name)}))
+        world_group: Any = torch.distributed.group.WORLD
+        world.bind(frozenset({str(world_group.group_name)}))
         stop = guard_capture("a capture with torch.distributed initialized", world)
     try:
         with _Recorder(capture):
@@ -209,8 +211,9 @@ class TorchExchanger:
         self.key = "+".join(self.groups)
 
     @staticmethod
-    def _resolve(name: str):
-        return torch.distributed.distributed_c10d._resolve_process_group(name)
+    def _resolve(name: str) -> Any:
+        resolve: Any = torch.distributed.distributed_c10d._resolve_process_group
+        return resolve(name)
 
     def next_index(self) -> int:
         index = _counters.get(self.key, 0)
@@ -226,8 +229,8 @@ class TorchExchanger:
 
     def default_timeout_s(self) -> float:
         try:
-            return float(torch.distributed.distributed_c10d._get_default_store().timeout
-                         .total_seconds())
+            store: Any = torch.distributed.distributed_c10d._get_default_store()
+            return float(store.timeout.total_seconds())
         except Exception:  # noqa: BLE001 - no store timeout to read: torch's NCCL default
             return 600.0
 

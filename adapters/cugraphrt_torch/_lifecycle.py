@@ -52,5 +52,5 @@ def install() -> None:
 
         shutdown.__doc__ = getattr(original, "__doc__", None)
         shutdown.__wrapped__ = original  # type: ignore[attr-defined]
-        ProcessGroup.shutdown = shutdown
+        ProcessGroup.shutdown = shutdown  # type: ignore[method-assign]
         _installed = True
