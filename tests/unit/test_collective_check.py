@@ -169,6 +169,9 @@ def test_first_replay_checks_once_then_installs_the_steady_replay(monkeypatch):
     replay("stream")
     assert launches == ["stream"] and installed == [launches.append]
     assert log.verdict is True
+    log.verdict = CaptureError("not checked again")  # a caller that kept the first function
+    replay("again")
+    assert launches == ["stream", "again"] and len(installed) == 1
 
 
 def test_the_steady_replay_watches_with_a_timeout(monkeypatch):
