@@ -110,6 +110,7 @@ class _Watcher:
         self.wake = threading.Event()
         self.error: CollectiveTimeoutError | None = None
         self.thread: threading.Thread | None = None
+        self.idle = True
 
     def add(self, stream: int, device: int, log: CollectiveLog, timeout: float) -> None:
         free = self.free
@@ -124,18 +125,21 @@ class _Watcher:
                                                    name="cugraphrt-collective-watchdog")
                     self.thread.start()
         queue.append(_Entry(event, timeout, log, stream, device))
-        self.wake.set()
+        if self.idle:  # waking a busy watcher costs a lock per replay for nothing
+            self.wake.set()
 
     def _run(self) -> None:
         # This thread only queries events: let it do so while other threads capture.
         mode = ctypes.c_int(2)
         _cuda.driver().exchange_mode(ctypes.byref(mode))
         while self.error is None:
-            if not self._poll():
-                self.wake.wait(0.1)
-                self.wake.clear()
-            else:
+            if self._poll():
                 time.sleep(_POLL_S)
+                continue
+            self.idle = True  # an entry added from now on wakes it (at worst 0.1 s later)
+            self.wake.wait(0.1)
+            self.wake.clear()
+            self.idle = False
 
     def _poll(self) -> bool:
         """One pass over the queues; True while replays are pending."""
