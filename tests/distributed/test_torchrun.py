@@ -83,3 +83,9 @@ def test_process_groups_go_and_processes_exit_with_graphs_alive(mode, nproc):
     out = torchrun("lifecycle.py", mode, nproc=nproc, deadline_s=120)
     checks = ("destroyed", "released", "freed") if mode == "keep" else ("exiting",)
     assert all(passed(out, check, nproc) for check in ("built", *checks)), out
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_the_tensor_parallel_example_runs(nproc):
+    out = torchrun(str(ROOT / "examples" / "distributed_tp_decode.py"), nproc=nproc)
+    assert "equal to eager tensor parallelism; position 24" in out
