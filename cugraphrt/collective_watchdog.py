@@ -34,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from . import _cuda
+from .backing import _on_device
 from .collective_log import CollectiveLog
 from .errors import CollectiveTimeoutError, OptionsError
 
@@ -105,7 +106,7 @@ class _Watcher:
 
     def __init__(self) -> None:
         self.queues: dict[tuple[int, int], collections.deque] = {}
-        self.free: collections.deque = collections.deque()  # recycled events
+        self.free: dict[int, collections.deque] = {}  # recycled events, per device
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.error: CollectiveTimeoutError | None = None
@@ -113,8 +114,12 @@ class _Watcher:
         self.idle = True
 
     def add(self, stream: int, device: int, log: CollectiveLog, timeout: float) -> None:
-        free = self.free
-        event = free.popleft() if free else _cuda.event_create()
+        free = self.free.get(device)
+        if free:
+            event = free.popleft()
+        else:
+            with _on_device(device):  # an event belongs to the device it was made on
+                event = _cuda.event_create()
         _cuda.event_record(event, stream)
         queue = self.queues.get((device, stream))
         if queue is None:
@@ -155,7 +160,7 @@ class _Watcher:
                         return False
                     break
                 queue.popleft()
-                self.free.append(entry.event)
+                self.free.setdefault(entry.device, collections.deque()).append(entry.event)
         return pending
 
     def _expire(self, entry: _Entry, now: float) -> None:

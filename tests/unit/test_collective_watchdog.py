@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -42,6 +43,7 @@ class Exchanger:
 @pytest.fixture
 def events(monkeypatch):
     fake = FakeEvents()
+    monkeypatch.setattr(collective_watchdog, "_on_device", lambda device: contextlib.nullcontext())
     cuda = collective_watchdog._cuda
     monkeypatch.setattr(cuda, "event_create", fake.create)
     monkeypatch.setattr(cuda, "event_record", fake.record)
