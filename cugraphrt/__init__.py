@@ -11,6 +11,7 @@ from ._capture import is_current_stream_capturing
 from .control import cond, while_loop
 from .errors import (
     CaptureError,
+    CollectiveTimeoutError,
     CugraphrtError,
     OptionsError,
     PoolOrderError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
+    "CollectiveTimeoutError",
     "CugraphrtError", "DeviceStats", "GeneratorState", "Graph", "GraphedFunction",
     "MakeGraphedOptions", "MemPool", "OptionsError", "PoolOrderError", "PoolOutOfMemoryError",
     "PoolStats", "ReplayError", "Launcher", "__version__", "default_capture_stream", "device_stats",

@@ -33,7 +33,7 @@ class Capture:
 
     __slots__ = ("stream", "stream_ptr", "capture_id", "pool", "mode", "token", "streams",
                  "finish_hooks", "abort_hooks", "keepalive", "aborted_by", "device_id",
-                 "notes", "body_ids", "keep_graph_on_abort", "__weakref__")
+                 "notes", "body_ids", "keep_graph_on_abort", "collectives", "__weakref__")
 
     def __init__(self, stream, capture_id: int, pool: MemPool, mode: str, device_id: int,
                  token: object) -> None:
@@ -63,6 +63,8 @@ class Capture:
         # Capture ids of the conditional-node bodies being captured for this capture (see
         # cugraphrt.control): streams forked inside a body carry those ids.
         self.body_ids: set[int] = set()
+        # The collectives recorded into this capture (cugraphrt.collective_log), if any.
+        self.collectives: Any = None
 
 
 class _ThreadCaptures(threading.local):

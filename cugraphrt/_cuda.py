@@ -334,6 +334,43 @@ def upload(exec_handle: int, stream_ptr: int) -> None:
     _runtime_call(runtime.graphUpload, "cudaGraphUpload", exec_handle, stream_ptr)
 
 
+_EVENT_DISABLE_TIMING = 2  # cudaEventDisableTiming
+_NOT_READY = 600  # cudaErrorNotReady
+
+
+def event_create() -> int:
+    """A new ``cudaEvent_t`` without timing (in relaxed capture mode: another thread's
+    global-mode capture must not refuse it)."""
+    with relaxed_capture_mode():
+        return int(_runtime_call(runtime.eventCreateWithFlags, "cudaEventCreateWithFlags",
+                                 _EVENT_DISABLE_TIMING))
+
+
+def event_record(event: int, stream_ptr: int) -> None:
+    """``cudaEventRecord`` of ``event`` on ``stream_ptr``."""
+    _runtime_call(runtime.eventRecord, "cudaEventRecord", event, stream_ptr)
+
+
+def event_done(event: int) -> bool:
+    """Whether the work before ``event``'s record has finished (``cudaEventQuery``)."""
+    try:
+        status = runtime.eventQuery(event)
+    except runtime.CUDARuntimeError as exc:
+        if exc.status == _NOT_READY:
+            return False
+        raise error_from_status(exc.status, "cudaEventQuery") from exc
+    return status != _NOT_READY
+
+
+def event_destroy(event: int) -> None:
+    """``cudaEventDestroy``; never raises."""
+    try:
+        with relaxed_capture_mode():
+            runtime.eventDestroy(event)
+    except Exception:  # noqa: BLE001
+        pass
+
+
 _device_count: int | None = None
 
 

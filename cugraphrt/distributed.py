@@ -16,7 +16,11 @@ work, and what this module checks while a capture is underway:
   collective it has not seen run eagerly (``require_warmup=False`` turns that off).
 * **The same capture on every rank.** Whether a collective is captured is a collective
   property: every rank must capture the same collectives in the same order, and replay the
-  graphs in the same order. Nothing local can check that; see docs/distributed.md.
+  graphs in the same order. :class:`Collectives` records what each capture holds, and the
+  graph's first replay compares it across the ranks (:mod:`cugraphrt.crossrank`): through
+  ``store`` if one was given, else an eager NCCL all-gather of the records.
+* **Lifetime.** NCCL does not destroy a communicator while a graph that captured its
+  operations is alive: :meth:`Collectives.close` releases those graphs, then destroys it.
 
 The core never imports torch; PyTorch's process groups are covered by
 ``cugraphrt_torch.distributed``.
@@ -30,12 +34,17 @@ from collections.abc import Mapping
 from typing import Any
 
 import cupy
+import numpy
 
 from . import _capture, _cuda
+from .collective_log import Collective, log_for, release_graphs
+from .collective_watchdog import collective_timeout, set_collective_timeout
+from .crossrank import exchange_over_store
 from .errors import CaptureError, CugraphrtError, OptionsError
 
 __all__ = ["Collectives", "MIN_NCCL_VERSION", "nccl_version", "check_nccl_version",
-           "blocking_wait_variable"]
+           "blocking_wait_variable", "collective_timeout", "set_collective_timeout",
+           "release_graphs"]
 
 #: The first NCCL release whose operations can be captured (NCCL's own documentation).
 MIN_NCCL_VERSION = 20906
@@ -98,6 +107,13 @@ class Collectives:
         One rank's communicator; its GPU must be current for every call.
     require_warmup : bool, default True
         Refuse a captured collective whose (kind, dtype, size, op) never ran eagerly here.
+    store : torch.distributed.Store or similar, optional
+        Where the ranks compare the collectives of a graph before its first replay
+        (``set``, ``get``, ``check``, ``wait``: a rank that never arrives is named after the
+        collective timeout). Without it they compare through an eager NCCL all-gather of
+        this communicator, which cannot time out.
+    label : str, default "cupy-nccl"
+        The communicator's name in records and messages; the same on every rank.
 
     Examples
     --------
@@ -112,7 +128,8 @@ class Collectives:
        ``ncclBroadcast``
     """
 
-    def __init__(self, comm: Any, *, require_warmup: bool = True) -> None:
+    def __init__(self, comm: Any, *, require_warmup: bool = True, store: Any = None,
+                 label: str = "cupy-nccl") -> None:
         if not isinstance(require_warmup, bool):
             raise OptionsError("require_warmup", require_warmup, "True or False")
         self.comm = comm
@@ -120,7 +137,18 @@ class Collectives:
         self.rank = int(comm.rank_id())
         self.world_size = int(comm.size())
         self.require_warmup = require_warmup
+        self.label = str(label)
         self._warm: set[tuple] = set()
+        self._exchanger = _NcclExchanger(self, store)
+
+    def close(self) -> None:
+        """Release the graphs holding this communicator's collectives, then destroy it.
+
+        NCCL waits for every graph that captured a communicator's operations to be destroyed
+        before it destroys the communicator; released graphs raise ReplayError if replayed.
+        """
+        release_graphs(exchanger=self._exchanger)
+        self.comm.destroy()
 
     def all_reduce(self, array: cupy.ndarray, out: cupy.ndarray | None = None,
                    op: str = "sum") -> cupy.ndarray:
@@ -192,6 +220,13 @@ class Collectives:
         call(nccl, stream.ptr)
         if not capturing:
             self._warm.add(key)
+            return
+        capture = _capture.current_capture()
+        if capture is not None:  # a cugraphrt capture: the graph is checked across ranks
+            kind, dtype, size, *rest = key
+            detail = (f"root {rest[0]}" if kind == "broadcast" else str(rest[0])) if rest else ""
+            log_for(capture, self._exchanger).add(
+                Collective(kind, cupy.dtype(dtype).name, int(size), self.label, detail))
 
     def _check_capturable(self, key: tuple, nccl) -> None:
         check_nccl_version(int(nccl.get_version()))
@@ -226,3 +261,50 @@ class Collectives:
         if name is None:
             raise OptionsError("op", op, "one of " + ", ".join(_OPS))
         return int(getattr(nccl, name))
+
+
+class _NcclExchanger:
+    """How the ranks of a :class:`Collectives` communicator compare their graphs (see
+    :class:`cugraphrt.collective_log.Exchanger`)."""
+
+    def __init__(self, coll: Collectives, store: Any) -> None:
+        self.coll = coll
+        self.store = store
+        self.rank = coll.rank
+        self.ranks = tuple(range(coll.world_size))
+        self._count = 0
+
+    def next_index(self) -> int:
+        self._count += 1
+        return self._count - 1
+
+    def exchange(self, tag: str, payload: bytes, timeout_s: float) -> dict[int, bytes]:
+        if len(self.ranks) == 1:
+            return {self.rank: payload}
+        if self.store is not None:
+            return exchange_over_store(self.store, f"cugraphrt/{self.coll.label}/{tag}",
+                                       self.rank, self.ranks, payload, timeout_s)
+        return self._all_gather(payload)
+
+    def _all_gather(self, payload: bytes) -> dict[int, bytes]:
+        # Two eager all-gathers on a stream of our own (never a capturing one): the lengths,
+        # then the records padded to the longest.
+        coll = self.coll
+        with cupy.cuda.Device(coll.device_id), cupy.cuda.Stream(non_blocking=True) as stream:
+            sizes = coll.all_gather(cupy.asarray([len(payload)], dtype=cupy.int64))
+            lengths = [int(n) for n in cupy.asnumpy(sizes).ravel()]
+            buffer = cupy.zeros(max(lengths), dtype=cupy.uint8)
+            buffer[: len(payload)] = cupy.asarray(numpy.frombuffer(payload, dtype=numpy.uint8))
+            gathered = cupy.asnumpy(coll.all_gather(buffer))
+            stream.synchronize()
+        return {r: gathered[r, : lengths[r]].tobytes() for r in self.ranks}
+
+    def default_timeout_s(self) -> float:
+        return 600.0
+
+    def abort(self) -> None:
+        self.coll.comm.abort()
+
+    def describe(self) -> str:
+        return (f"rank {self.rank} of {len(self.ranks)} (NCCL communicator "
+                f"{self.coll.label!r} on device {self.coll.device_id})")

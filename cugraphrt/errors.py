@@ -15,6 +15,7 @@ __all__ = [
     "OptionsError",
     "PoolOutOfMemoryError",
     "PoolOrderError",
+    "CollectiveTimeoutError",
 ]
 
 
@@ -120,6 +121,16 @@ class PoolOrderError(CugraphrtError, RuntimeError):
 
     Only raised while pool checks are enabled (:func:`cugraphrt.set_pool_checks` or the
     environment variable ``CUGRAPHRT_POOL_CHECKS=1``).
+    """
+
+
+class CollectiveTimeoutError(ReplayError):
+    """A replayed graph's collectives did not finish in time: the hang watchdog fired.
+
+    Raised (only with a collective timeout set, see docs/distributed.md) in the thread that
+    replayed the graph, and by every later replay of a graph that holds collectives; the
+    message names the rank, the graph and its collectives. The communicator has been
+    aborted by then.
     """
 
 

@@ -12,7 +12,7 @@ from typing import cast
 
 import cupy
 
-from . import _capture, _cuda, _libs
+from . import _capture, _cuda, _libs, collective_replay
 from . import launcher as _launcher
 from . import pool as _pool_module
 from ._graph_handles import GraphHandles as _GraphHandles
@@ -187,6 +187,8 @@ class Graph:
             self._instantiate()
             _cuda.destroy_graph(handle)
             handles.graph = 0
+        if capture.collectives is not None and finish is None:  # adapters arm their own
+            collective_replay.arm_graph(self, capture.collectives)
         return handles.graph
 
     def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None) -> None:

@@ -118,6 +118,16 @@ def for_graph(graph: Any, stream: object) -> Launcher:
             "cugraphrt_torch, whose torch.cuda.CUDAGraph owns it and whose replay also "
             "advances torch's RNG offsets, which a bare launch would skip); call g.replay() "
             "instead")
+    if "replay" in graph.__dict__:
+        # A graph holding collectives replays through a function of its own until its
+        # first replay has checked them across ranks, and for good while the collective
+        # watchdog watches its replays (cugraphrt.collective_replay): a bare launch would
+        # skip both.
+        raise ReplayError(
+            "launcher() of a graph holding collectives before its cross-rank check, or "
+            "while the collective watchdog is on (got a graph whose replay checks or "
+            "watches its collectives); replay it once with g.replay() first, and make "
+            "the launcher with the watchdog off (CUGRAPHRT_COLLECTIVE_TIMEOUT unset)")
     if stream is None:
         stream = _current_stream(graph._device)
     ptr = stream_ptr(stream, graph._device)  # refuses a stream of another device

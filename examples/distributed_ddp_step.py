@@ -81,6 +81,8 @@ def main() -> None:
         print(f"{len(data) - 11} graphed steps on {dist.get_world_size()} rank(s), losses equal "
               f"to eager DDP's; last loss {static_loss.item():.6f}")
     dist.barrier()
+    # `g` is still alive here: cugraphrt_torch releases graphs holding collectives before the
+    # process group shuts down (NCCL would otherwise wait for them forever).
     dist.destroy_process_group()
 
 

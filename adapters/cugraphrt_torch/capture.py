@@ -31,7 +31,7 @@ from cugraphrt.graphs import Graph, _resolve_pool
 from cugraphrt.options import CaptureOptions, validate_options
 from cugraphrt.pool import MemPool
 
-from . import _alloc, _errors, _torch
+from . import _alloc, _collective_mode, _errors, _torch
 
 if TYPE_CHECKING:
     from cugraphrt._capture import Capture
@@ -102,6 +102,7 @@ class graph:
         self._replay: _Replay | None = None
         self._session: _Session | None = None
         self._contexts: contextlib.ExitStack | None = None
+        self._recorder: contextlib.AbstractContextManager | None = None
 
     def __enter__(self) -> graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
@@ -124,12 +125,26 @@ class graph:
             contexts.close()
             raise
         self._contexts = contexts
+        # Collectives issued during the capture are recorded (a dispatch mode, only with
+        # torch.distributed initialized): see _collective_mode.
+        recorder = _collective_mode.recording(self._session.capture)
+        try:
+            recorder.__enter__()
+        except BaseException as exc:
+            session, self._session, self._contexts = self._session, None, None
+            session.abort(exc)
+            contexts.close()
+            raise
+        self._recorder = recorder
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         # Both are set by a successful __enter__.
         session, self._session = cast("_Session", self._session), None
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
         try:
             if exc is None:
                 self.torch_graph = session.end()
@@ -240,6 +255,9 @@ class _Session:
             raise CaptureError(f"torch could not instantiate the captured graph (got: {exc}); "
                                f"see the chained exception") from exc
         cuda_graph._adopt(owner, raw_graph, exec_handle, replay=replay)
+        log = self.capture.collectives if self.capture is not None else None
+        if log is not None:  # checked across ranks before its first replay, and so on
+            _collective_mode.arm(cuda_graph, log, replay, self.torch_graph, self.device)
         self.replay = replay
         self.capture = None  # the Capture's hooks point back here: let both go now
         return self.torch_graph

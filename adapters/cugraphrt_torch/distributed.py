@@ -18,7 +18,10 @@ How torch's NCCL process group behaves under CUDA graph capture (torch 2.x, read
   ``init_process_group(device_id=...)`` created it eagerly): its set-up allocates and
   synchronizes, so every collective must run once eagerly before the capture, on every rank.
 * Whether a collective is captured must be the same on every rank, and graphs holding
-  collectives must be captured and replayed in the same order on every rank.
+  collectives must be captured and replayed in the same order on every rank. The adapter
+  records the collectives of each capture and compares them across ranks before the graph's
+  first replay (``_collective_mode``), and releases such graphs before their process group
+  shuts down (``_lifecycle``): NCCL will not destroy a communicator while they live.
 
 See docs/distributed.md.
 """
@@ -29,12 +32,15 @@ from typing import Any
 
 import torch
 
+from cugraphrt import collective_log
+from cugraphrt.collective_watchdog import collective_timeout, set_collective_timeout
 from cugraphrt.distributed import blocking_wait_variable, check_nccl_version
 from cugraphrt.errors import CaptureError, OptionsError
 
 from . import _torch
 
-__all__ = ["check_capture", "capture_stream", "nccl_version"]
+__all__ = ["check_capture", "capture_stream", "nccl_version", "release_graphs",
+           "collective_timeout", "set_collective_timeout"]
 
 
 def nccl_version() -> int:
@@ -126,3 +132,27 @@ def capture_stream() -> torch.cuda.Stream:
     _torch.require_cuda("cugraphrt_torch.distributed.capture_stream()")
     return _torch.torch_stream_for(default_capture_stream().ptr, torch.cuda.current_device())
 
+
+
+def release_graphs(group: Any = None) -> int:
+    """Reset the cugraphrt graphs that hold collectives of ``group`` (of any group if None).
+
+    NCCL does not destroy a communicator while a graph that captured its operations is
+    alive, so ``destroy_process_group()`` would wait for them forever. cugraphrt_torch calls
+    this for each group as it shuts down (and for all of them at exit); call it yourself to
+    free the graphs earlier. A released graph raises :class:`cugraphrt.ReplayError` if
+    replayed. Graphs captured with torch's own ``torch.cuda.graph`` are not tracked: call
+    their ``reset()`` before ``destroy_process_group()``.
+
+    Parameters
+    ----------
+    group : torch.distributed.ProcessGroup, optional
+        The group whose graphs go.
+
+    Returns
+    -------
+    int
+        How many graphs were reset.
+    """
+    names = None if group is None else [str(group.group_name)]
+    return collective_log.release_graphs(names)

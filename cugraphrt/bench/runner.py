@@ -55,9 +55,9 @@ def _real_workloads() -> tuple[Workload, ...]:
 
 
 def _distributed_workloads() -> tuple[Workload, ...]:
-    from .workloads_distributed import DDP
+    from .workloads_distributed import DDP, TP_DECODE
 
-    return (DDP,)
+    return (DDP, TP_DECODE)
 
 
 #: Every workload, in run order.

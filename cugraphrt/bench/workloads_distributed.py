@@ -1,109 +1,40 @@
-"""Data-parallel training on 2 GPUs: eager DDP against the whole step as one graph per rank.
+"""Multi-GPU workloads on 2 GPUs: graphed data parallelism and a tensor-parallel decode step.
 
-``cugraphrt bench --distributed`` (or ``--only ddp``) starts this module under torchrun,
-``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
-cugraphrt.bench.workloads_distributed``; rank 0 prints one JSON line of step times. The model
-is launch-bound on purpose (a small MLP: 8 layers of 256, batch 32), the case graphs exist
-for: per step, eager DDP launches ~100 kernels and an all-reduce per gradient bucket from
-Python, the graph launches once. n/a with fewer than 2 GPUs or without torch; skipped in
-``--quick`` unless selected.
+``cugraphrt bench --distributed`` starts :mod:`cugraphrt.bench.distributed_child` once under
+torchrun (2 ranks) and fills two rows from it, side by side:
+
+* ``ddp``: one training step of a launch-bound MLP (8 layers of 256, batch 32 per rank,
+  Adam): eager DDP against the whole step, DDP's all-reduce included, as one cugraphrt graph
+  per rank. Target: the graph at least 1.5x faster.
+* ``tp_decode``: one decode step of a 2-way tensor-parallel Llama-style decoder (4 layers,
+  bf16, an all-reduce after attention and after the MLP of each layer): eager, torch's own
+  CUDA graph, cugraphrt, and cugraphrt with the hang watchdog on. Targets: cugraphrt within
+  1.05x of torch's graph, and at least 3x faster than eager.
+
+The launch runs under a deadline (:mod:`cugraphrt.bench.torchrun`): a hang becomes a failed
+cell, with every rank's Python stacks on stderr. n/a with fewer than 2 GPUs or without
+torch; skipped in ``--quick`` unless selected.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
 
+from . import torchrun as launcher
+from .distributed_child import DDP_SYSTEMS, TP_SYSTEMS
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import summarize
 
-__all__ = ["DDP", "WORLD", "gpu_count"]
+__all__ = ["DDP", "TP_DECODE", "WORLD", "DEADLINE_S", "gpu_count"]
 
 WORLD = 2
-SYSTEMS = ("ddp_eager", "cugraphrt_step")
-_LAYERS, _WIDTH, _BATCH = 8, 256, 32
-_STEPS, _REPEATS, _WARMUP = 50, 7, 11  # DDP needs 11 eager steps before its capture
+#: Seconds the launch may take before its ranks dump their stacks and it fails.
+DEADLINE_S = 420.0
+SYSTEMS = DDP_SYSTEMS  # the ddp row's columns (kept for callers of the first version)
+_results: dict[str, object] = {}  # one launch fills both rows of a run (one Context)
 
 
-# -- the child processes: one per rank --------------------------------------------------------
-def _model(torch, device):
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(_LAYERS):
-        layers += [torch.nn.Linear(_WIDTH, _WIDTH), torch.nn.ReLU()]
-    return torch.nn.Sequential(*layers).to(device)
-
-
-def _time_steps(torch, step) -> list[float]:
-    samples = []
-    for _ in range(_REPEATS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(_STEPS):
-            step()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) / _STEPS)
-    return samples
-
-
-def _child() -> None:
-    import cugraphrt_torch
-    import torch
-    import torch.distributed as dist
-    from cugraphrt_torch.distributed import capture_stream, check_capture
-    from torch.nn.parallel import DistributedDataParallel
-
-    import cugraphrt
-
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
-    dist.init_process_group("nccl", device_id=device)
-    check_capture()
-    x = torch.randn(_BATCH, _WIDTH, device=device)
-    y = torch.randn(_BATCH, _WIDTH, device=device)
-    results = {}
-    for system in SYSTEMS:
-        stream = capture_stream()
-        with torch.cuda.stream(stream):  # DDP built on the capture stream (torch's rule)
-            model = DistributedDataParallel(_model(torch, device))
-        opt = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
-
-        def step(model=model, opt=opt):
-            opt.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            return loss
-
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(_WARMUP):
-                step()
-        torch.cuda.current_stream().wait_stream(stream)
-        run = step
-        if system == "cugraphrt_step":
-            opt.zero_grad(set_to_none=True)
-            g = cugraphrt.Graph()
-            with cugraphrt_torch.graph(g):
-                loss = torch.nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-            current = torch.cuda.current_stream()
-
-            def run(g=g, current=current):
-                g.replay(current)
-        results[system] = _time_steps(torch, run)
-    if dist.get_rank() == 0:
-        print("RESULT " + json.dumps(results), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
-
-
-# -- the parent: the row ----------------------------------------------------------------------
 def gpu_count() -> int:
     """CUDA GPUs torch sees (0 without torch or CUDA)."""
     try:
@@ -114,42 +45,70 @@ def gpu_count() -> int:
 
 
 def _launch() -> dict:
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={WORLD}", "-m", "cugraphrt.bench.workloads_distributed"]
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+    """Run the child on WORLD ranks; its RESULT, or RuntimeError with the whole story."""
+    done = launcher.torchrun("cugraphrt.bench.distributed_child", nproc=WORLD,
+                             deadline_s=DEADLINE_S, module=True)
     for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
+        if done.ok and line.startswith("RESULT "):
             return json.loads(line[7:])
-    print(f"cugraphrt bench: ddp under torchrun failed:\n{done.stderr[-4000:]}", file=sys.stderr)
+    print(f"cugraphrt bench: the distributed run failed:\n{done.report()}", file=sys.stderr)
+    if done.hung():
+        raise RuntimeError(f"torchrun hung: a rank reached the {DEADLINE_S:g} s deadline "
+                           f"(every rank's stacks are on stderr)")
     tail = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
     raise RuntimeError(f"torchrun exited with status {done.returncode}: {tail}")
 
 
-def _run(ctx: Context) -> None:
-    row = RowBuilder("step", "us", SYSTEMS, "ddp_eager", "cugraphrt_step")
+def _measured(ctx: Context) -> dict:
+    if _results.get("ctx") is not ctx:
+        _results.clear()
+        _results["ctx"] = ctx
+        try:
+            _results["ok"] = _launch()
+        except Exception as exc:  # noqa: BLE001 - both rows show it
+            _results["error"] = exc
+    if "error" in _results:
+        raise _results["error"]  # type: ignore[misc]
+    return _results["ok"]  # type: ignore[return-value]
+
+
+def _row(ctx: Context, metric: str, systems: tuple[str, ...], reference: str, subject: str,
+         key: str) -> None:
+    row = RowBuilder(metric, "us", systems, reference, subject)
     gpus = gpu_count()
     if ctx.quick and not ctx.selected:
         row.unavailable_all("skipped in --quick (run --distributed)")
     elif gpus < WORLD:
         row.unavailable_all(f"needs {WORLD} GPUs and a CUDA build of torch (got {gpus} GPU(s))")
     else:
-        ctx.step(f"ddp: torchrun, {WORLD} ranks")
-        results = row.setup("cugraphrt_step", _launch)
+        if _results.get("ctx") is not ctx:
+            ctx.step(f"torchrun, {WORLD} ranks: ddp and tp_decode")
+        results = row.setup(subject, lambda: _measured(ctx))
         if results is not None:
-            for system in SYSTEMS:
-                row.set(system, summarize(results[system]).scaled(1e6))
+            for system in systems:
+                row.set(system, summarize(results[key][system]).scaled(1e6))
         else:
-            row.unavailable("ddp_eager", "torchrun failed (see the cugraphrt_step cell)")
+            row.unavailable_all("torchrun failed (see the error cell)")
     ctx.emit(row.build())
 
 
-DDP = Workload(
-    "ddp", f"data-parallel training step on {WORLD} GPUs (torchrun, NCCL): MLP {_LAYERS}x"
-    f"{_WIDTH}, batch {_BATCH} per rank, Adam; eager DDP vs the whole step (DDP's all-reduce "
-    f"included) as one cugraphrt graph per rank", SYSTEMS, "ddp_eager",
-    (Target("cugraphrt_step", "ddp_eager", 1 / 1.5, metric="step"),), _run)
+def _run_ddp(ctx: Context) -> None:
+    _row(ctx, "step", DDP_SYSTEMS, "ddp_eager", "cugraphrt_step", "ddp")
 
-if __name__ == "__main__":
-    _child()
+
+def _run_tp(ctx: Context) -> None:
+    _row(ctx, "decode step", TP_SYSTEMS, "torch_graph", "cugraphrt", "tp")
+
+
+DDP = Workload(
+    "ddp", f"data-parallel training step on {WORLD} GPUs (torchrun, NCCL): MLP 8x256, batch 32 "
+    f"per rank, Adam; eager DDP vs the whole step (DDP's all-reduce included) as one "
+    f"cugraphrt graph per rank", DDP_SYSTEMS, "ddp_eager",
+    (Target("cugraphrt_step", "ddp_eager", 1 / 1.5, metric="step"),), _run_ddp)
+
+TP_DECODE = Workload(
+    "tp_decode", f"decode step of a {WORLD}-way tensor-parallel Llama-style decoder (4 layers, "
+    f"hidden 512, bf16, 2 all-reduces per layer, KV cache): eager vs torch's CUDA graph vs "
+    f"cugraphrt (and with the hang watchdog on)", TP_SYSTEMS, "torch_graph",
+    (Target("cugraphrt", "torch_graph", 1.05, metric="decode step"),
+     Target("cugraphrt", "eager", 1 / 3, metric="decode step")), _run_tp)

@@ -36,9 +36,15 @@ def same(got: torch.Tensor, want: torch.Tensor, what: str, exact: bool = True) -
 
 
 def teardown() -> None:
+    """Leave the group. Graphs holding collectives may still be alive here (a graphed
+    module references itself, so only a garbage collection frees it): cugraphrt_torch
+    releases them before the communicator goes, else NCCL would wait for them forever."""
+    rank = dist.get_rank()
     torch.cuda.synchronize()
     dist.barrier()
     dist.destroy_process_group()
+    ok_line = f"OK teardown rank={rank}"
+    print(ok_line, flush=True)
 
 
 def run_parts(parts: dict, argv: list[str]) -> None:

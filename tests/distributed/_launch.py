@@ -1,21 +1,27 @@
-"""Start a script of this folder under torchrun and collect what its ranks report.
+"""Start a script of this folder under torchrun, under a deadline, and collect what its
+ranks report.
 
 Each script prints ``OK <check> rank=<r>`` for every check that passed on a rank; a rank that
-fails raises, so torchrun exits nonzero and prints the traceback.
+fails raises, so torchrun exits nonzero. Every launch runs under
+:func:`cugraphrt.bench.torchrun.torchrun`: a rank that reaches the deadline writes its Python
+stacks and exits, and the test fails with every rank's stacks in its message. The parts of
+one script run in one launch (one process group), shared by the tests that ask for them.
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from cugraphrt.bench import torchrun as launcher
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WORLD = 2
+#: Seconds a launch may take before its ranks dump their stacks and the test fails.
+DEADLINE_S = float(os.environ.get("CUGRAPHRT_TEST_DEADLINE", "240"))
 
 
 def device_count(library: str = "torch") -> int:
@@ -39,21 +45,40 @@ def skip_unless_gpus(count: int = WORLD, library: str = "torch"):
                                                    f"{library} (got {have})")
 
 
-def torchrun(script: str, *args: str, nproc: int = WORLD, timeout: int = 600) -> str:
-    """Run ``script`` on ``nproc`` ranks; returns its stdout (asserting a zero exit)."""
-    env = dict(os.environ)
-    paths = [str(ROOT), str(ROOT / "adapters"), env.get("PYTHONPATH", "")]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    for name in ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT"):
-        env.pop(name, None)  # a blocking wait cannot be captured (see docs/distributed.md)
-    # A script of this folder by name, or any script by absolute path (HERE / abs is abs).
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc-per-node={nproc}", str(HERE / script), *args]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    assert done.returncode == 0, (f"{script} failed (exit {done.returncode}):\n"
-                                  f"{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
+def launch(script: str, *args: str, nproc: int = WORLD, deadline_s: float = DEADLINE_S,
+           env: dict[str, str] | None = None) -> launcher.Launch:
+    """Run ``script`` (of this folder, or an absolute path) on ``nproc`` ranks."""
+    base = launcher.environment(paths=[str(ROOT), str(ROOT / "adapters")])
+    base.update(env or {})
+    return launcher.torchrun(str(HERE / script), args, nproc=nproc, deadline_s=deadline_s,
+                             env=base, cwd=str(ROOT))
+
+
+def torchrun(script: str, *args: str, nproc: int = WORLD, **kwargs) -> str:
+    """Run ``script`` and return its stdout; fail the test (with the stacks of a hang)
+    unless every rank exited with status 0 in time."""
+    done = launch(script, *args, nproc=nproc, **kwargs)
+    if not done.ok:
+        pytest.fail(f"{script} {' '.join(args)} on {nproc} rank(s) failed:\n{done.report()}",
+                    pytrace=False)
     return done.stdout
+
+
+_runs: dict[tuple, tuple[bool, str]] = {}
+
+
+def run_parts(script: str, parts: tuple[str, ...], nproc: int) -> str:
+    """Every part of ``script`` in one launch, once per session; its stdout."""
+    key = (script, parts, nproc)
+    if key not in _runs:
+        done = launch(script, *parts, nproc=nproc)
+        _runs[key] = (done.ok, done.stdout if done.ok else
+                      f"{script} {' '.join(parts)} on {nproc} rank(s) failed:\n"
+                      f"{done.report()}")
+    ok, text = _runs[key]
+    if not ok:
+        pytest.fail(text, pytrace=False)
+    return text
 
 
 def passed(stdout: str, check: str, nproc: int = WORLD) -> bool:

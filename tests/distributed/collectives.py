@@ -67,6 +67,9 @@ def part_graph(rank: int, world: int, device) -> None:
         for name, got, want in zip(("all_reduce", "all_gather", "reduce_scatter", "broadcast"),
                                    outputs, expected, strict=True):
             same(got, want, f"replay {i}: {name}", exact=world <= 2)
+    # Checked once; from then on the replay is torch's own CUDAGraph.replay, nothing added
+    # (the watchdog is off).
+    assert isinstance(getattr(g.replay._replay, "__self__", None), torch.cuda.CUDAGraph)
     ok("graph")
 
 

@@ -7,7 +7,8 @@ Parts (argv):
 * ``callables``: DistributedDataParallel over a module graphed with make_graphed_callables,
   against eager DDP;
 * ``ddp_step``: a whole DDP step (DDP's own bucketed all-reduce inside) captured as one
-  graph, against eager DDP.
+  graph, against eager DDP;
+* ``static_graph``: the same with ``DistributedDataParallel(static_graph=True)``.
 
 Every part trains two copies of one model from the same seed on the same per-rank batches
 and compares every step's loss and the final parameters exactly.
@@ -127,14 +128,14 @@ def part_callables(rank: int, world: int, device) -> None:
     compare(losses_g, losses_e, model_g, model_e, "callables")
 
 
-def part_ddp_step(rank: int, world: int, device) -> None:
+def _whole_ddp_step(device, check: str, **ddp_options) -> None:
     check_capture()
     stream = capture_stream()
     with torch.cuda.stream(stream):  # DDP built on the capture stream (torch's rule)
-        model_g = DDP(mlp(device))
-    model_e = DDP(mlp(device))
+        model_g = DDP(mlp(device), **ddp_options)
+    model_e = DDP(mlp(device), **ddp_options)
     opt_e, opt_g = adam(model_e), adam(model_g)
-    data = batches(rank, device, WARMUP + STEPS)
+    data = batches(dist.get_rank(), device, WARMUP + STEPS)
 
     def ddp_step(model, opt, x, y):
         loss = torch.nn.functional.mse_loss(model(x), y)
@@ -162,9 +163,19 @@ def part_ddp_step(rank: int, world: int, device) -> None:
         losses_g.append(static_loss.detach().clone())
         opt_e.zero_grad(set_to_none=True)
         losses_e.append(ddp_step(model_e, opt_e, x, y).detach())
-    compare(losses_g, losses_e, model_g, model_e, "ddp_step")
+    compare(losses_g, losses_e, model_g, model_e, check)
+
+
+def part_ddp_step(rank: int, world: int, device) -> None:
+    _whole_ddp_step(device, "ddp_step")
+
+
+def part_static_graph(rank: int, world: int, device) -> None:
+    # static_graph=True: DDP learns the graph in its first iteration and delays that
+    # iteration's all-reduce to a final callback; eleven warm-ups cover it too.
+    _whole_ddp_step(device, "static_graph", static_graph=True)
 
 
 if __name__ == "__main__":
-    run_parts({"step": part_step, "callables": part_callables, "ddp_step": part_ddp_step},
-              sys.argv[1:])
+    run_parts({"step": part_step, "callables": part_callables, "ddp_step": part_ddp_step,
+               "static_graph": part_static_graph}, sys.argv[1:])

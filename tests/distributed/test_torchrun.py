@@ -1,52 +1,91 @@
 """Collectives and data-parallel training in captured graphs, under torchrun.
 
-Each test starts a script of this folder with ``python -m torch.distributed.run
---nproc-per-node N`` and checks that every rank passed. With N = 2 they are the multi-GPU
-tests (skipped with fewer than 2 GPUs). With N = 1 (a world of one rank, where an
-all-reduce is a copy) they prove the capture plumbing end to end on one GPU, not the
-communication. Run: ``python -m pytest -q -p no:cacheprovider tests/distributed``.
+Each script of this folder runs with ``python -m torch.distributed.run --nproc-per-node N``
+under a deadline (see ``_launch``: a hang fails the test with every rank's Python stacks).
+With N = 2 they are the multi-GPU tests (skipped with fewer than 2 GPUs). With N = 1 (a
+world of one rank, where an all-reduce is a copy) they prove the capture plumbing end to
+end on one GPU, not the communication. The parts of a script share one launch.
+Run: ``python -m pytest -q -p no:cacheprovider tests/distributed --long``.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from ._launch import ROOT, WORLD, passed, skip_unless_gpus, torchrun
+from ._launch import ROOT, WORLD, passed, run_parts, skip_unless_gpus, torchrun
 
 pytestmark = pytest.mark.gpu
 
-
-def _cases(parts, *, short=()):
-    """(part, nproc) for every part on 1 and on WORLD ranks. The one-rank runs prove only
-    the capture plumbing (about 20 s each): those not in ``short`` are marked long."""
-    cases = []
-    for part in parts:
-        long = [] if part in short else [pytest.mark.long]
-        cases.append(pytest.param(part, 1, marks=[skip_unless_gpus(1), *long],
-                                  id=f"{part}-1rank"))
-        cases.append(pytest.param(part, WORLD, marks=skip_unless_gpus(WORLD),
-                                  id=f"{part}-{WORLD}ranks"))
-    return cases
+COLLECTIVES = ("graph", "callables", "cupy")
+TRAINING = ("step", "callables", "ddp_step", "static_graph")
 
 
-@pytest.mark.parametrize("part, nproc", _cases(["graph", "callables", "cupy"],
-                                               short=("graph",)))
+def _ranks(*, short: bool = False, two_only: bool = False):
+    """1 and WORLD ranks; the one-rank runs prove only the plumbing and are marked long
+    unless ``short``."""
+    cases = [] if two_only else [pytest.param(
+        1, marks=[skip_unless_gpus(1), *([] if short else [pytest.mark.long])], id="1rank")]
+    return [*cases, pytest.param(WORLD, marks=skip_unless_gpus(WORLD), id=f"{WORLD}ranks")]
+
+
+def _has_cupy_nccl() -> bool:
+    try:
+        from cupy.cuda import nccl
+    except Exception:  # noqa: BLE001
+        return False
+    return bool(nccl.available)
+
+
+@pytest.mark.parametrize("nproc", _ranks(short=True))
+@pytest.mark.parametrize("part", COLLECTIVES)
 def test_collectives_in_graphs_match_eager_over_100_replays(part, nproc):
-    if part == "cupy":
-        nccl = pytest.importorskip("cupy.cuda.nccl")
-        if not nccl.available:
-            pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
-    assert passed(torchrun("collectives.py", part, nproc=nproc), part, nproc=nproc)
+    parts = COLLECTIVES if _has_cupy_nccl() else COLLECTIVES[:2]
+    if part not in parts:
+        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    out = run_parts("collectives.py", parts, nproc)
+    assert passed(out, part, nproc) and passed(out, "teardown", nproc)
 
 
-@pytest.mark.parametrize("part, nproc", _cases(["step", "callables", "ddp_step"]))
+@pytest.mark.parametrize("nproc", _ranks())
+@pytest.mark.parametrize("part", TRAINING)
 def test_graphed_data_parallel_training_equals_eager(part, nproc):
-    assert passed(torchrun("ddp_training.py", part, nproc=nproc), part, nproc=nproc)
+    out = run_parts("ddp_training.py", TRAINING, nproc)
+    assert passed(out, part, nproc) and passed(out, "teardown", nproc)
 
 
-@pytest.mark.parametrize("nproc", [
-    pytest.param(1, marks=[skip_unless_gpus(1), pytest.mark.long], id="1rank"),
-    pytest.param(WORLD, marks=skip_unless_gpus(WORLD), id=f"{WORLD}ranks")])
+@pytest.mark.parametrize("nproc", _ranks())
+def test_tensor_parallel_decoder_step_equals_eager(nproc):
+    out = run_parts("tensor_parallel.py", ("decode",), nproc)
+    assert passed(out, "decode", nproc) and passed(out, "teardown", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks())
 def test_the_ddp_example_runs(nproc):
     out = torchrun(str(ROOT / "examples" / "distributed_ddp_step.py"), nproc=nproc)
     assert "losses equal to eager DDP's" in out
+
+
+@pytest.mark.parametrize("nproc", _ranks(two_only=True))
+def test_a_mismatched_capture_fails_on_every_rank_naming_the_collective(nproc):
+    out = torchrun("checks.py", "mismatch", nproc=nproc, deadline_s=120)
+    assert passed(out, "mismatch", nproc) and passed(out, "mismatch-then-eager", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks(short=True))
+def test_the_watchdog_turns_a_stuck_replay_into_an_error(nproc):
+    out = torchrun("checks.py", "watchdog", nproc=nproc, deadline_s=120)
+    assert passed(out, "watchdog", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks(short=True))
+@pytest.mark.parametrize("mode", ["keep", "exit"])
+def test_process_groups_go_and_processes_exit_with_graphs_alive(mode, nproc):
+    out = torchrun("lifecycle.py", mode, nproc=nproc, deadline_s=120)
+    checks = ("destroyed", "released", "freed") if mode == "keep" else ("exiting",)
+    assert all(passed(out, check, nproc) for check in ("built", *checks)), out
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_the_tensor_parallel_example_runs(nproc):
+    out = torchrun(str(ROOT / "examples" / "distributed_tp_decode.py"), nproc=nproc)
+    assert "equal to eager tensor parallelism; position 24" in out

@@ -12,21 +12,33 @@ from cugraphrt.bench.timing import Summary
 
 def test_the_flag_selects_the_distributed_workloads():
     args = runner.parse_args(["--distributed"])
-    assert args.distributed and runner.selected_names(args) == {"ddp"}
+    assert args.distributed and runner.selected_names(args) == {"ddp", "tp_decode"}
     both = runner.parse_args(["--distributed", "--only", "replay"])
-    assert runner.selected_names(both) == {"ddp", "replay"}
+    assert runner.selected_names(both) == {"ddp", "tp_decode", "replay"}
     assert not runner.parse_args([]).distributed
     assert "ddp" in [w.name for w in runner.WORKLOADS]
 
 
-def _row(monkeypatch, gpus: int, *, quick=False, selected=True, launch=None):
+def _rows(monkeypatch, gpus: int, *, quick=False, selected=True, launch=None):
+    """Both distributed rows of one run (one Context), with torchrun replaced."""
     monkeypatch.setattr(workloads_distributed, "gpu_count", lambda: gpus)
+    launches = []
     if launch is not None:
-        monkeypatch.setattr(workloads_distributed, "_launch", launch)
+        monkeypatch.setattr(workloads_distributed, "_launch",
+                            lambda: launches.append(1) or launch())
     ctx = Context(quick=quick, selected=selected)
     workloads_distributed.DDP.run(ctx)
-    (row,) = ctx.rows
-    return row
+    workloads_distributed.TP_DECODE.run(ctx)
+    assert len(launches) <= 1  # one launch fills both rows
+    return ctx.rows
+
+
+def _row(monkeypatch, gpus: int, **kwargs):
+    return _rows(monkeypatch, gpus, **kwargs)[0]
+
+
+TP = {"eager": [900e-6, 910e-6], "torch_graph": [200e-6, 201e-6], "cugraphrt": [202e-6, 203e-6],
+      "cugraphrt_watched": [206e-6, 207e-6]}
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
@@ -48,7 +60,8 @@ def test_quick_runs_skip_it_unless_selected(monkeypatch):
 
 
 def test_measured_rows_and_the_speedup_target(monkeypatch):
-    canned = {"ddp_eager": [300e-6, 310e-6, 305e-6], "cugraphrt_step": [150e-6, 151e-6, 149e-6]}
+    canned = {"ddp": {"ddp_eager": [300e-6, 310e-6, 305e-6],
+                      "cugraphrt_step": [150e-6, 151e-6, 149e-6]}, "tp": TP}
     row = _row(monkeypatch, 2, launch=lambda: canned)
     eager, graphed = row.cells["ddp_eager"], row.cells["cugraphrt_step"]
     assert isinstance(eager, Summary) and isinstance(graphed, Summary)
@@ -58,7 +71,7 @@ def test_measured_rows_and_the_speedup_target(monkeypatch):
                                  versions={}, quick=False, elapsed_s=1.0)
     (target,) = report.targets
     assert target.status == "PASS" and target.ratio == pytest.approx(150 / 305)
-    slow = {"ddp_eager": [300e-6], "cugraphrt_step": [250e-6]}
+    slow = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [250e-6]}, "tp": TP}
     row = _row(monkeypatch, 2, launch=lambda: slow)
     report = runner.build_report([(workloads_distributed.DDP, [row], None)],
                                  [workloads_distributed.DDP], created="now", device="test",
@@ -74,3 +87,48 @@ def test_a_failed_torchrun_is_an_error_cell(monkeypatch, capsys):
     assert isinstance(row.cells["cugraphrt_step"], Failed)
     assert "NCCL error" in row.cells["cugraphrt_step"].message
     assert isinstance(row.cells["ddp_eager"], NotAvailable)
+
+
+def test_the_tensor_parallel_row_and_its_two_targets(monkeypatch):
+    canned = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [150e-6]}, "tp": TP}
+    _, row = _rows(monkeypatch, 2, launch=lambda: canned)
+    assert row.metric == "decode step" and row.systems == workloads_distributed.TP_SYSTEMS
+    assert row.cells["cugraphrt_watched"].median == pytest.approx(206.5)
+    report = runner.build_report([(workloads_distributed.TP_DECODE, [row], None)],
+                                 [workloads_distributed.TP_DECODE], created="now",
+                                 device="test", versions={}, quick=False, elapsed_s=1.0)
+    by_reference = {t.reference: t for t in report.targets}
+    assert by_reference["torch_graph"].status == "PASS"  # 202.5 / 200.5 <= 1.05
+    assert by_reference["eager"].status == "PASS"  # 202.5 / 905 <= 1/3
+    assert by_reference["torch_graph"].ratio == pytest.approx(202.5 / 200.5)
+
+
+def test_a_hang_is_a_failed_cell_in_both_rows(monkeypatch):
+    def launch():
+        raise RuntimeError("torchrun hung: a rank reached the 420 s deadline")
+
+    ddp, tp = _rows(monkeypatch, 2, launch=launch)
+    assert isinstance(ddp.cells["cugraphrt_step"], Failed)
+    assert isinstance(tp.cells["cugraphrt"], Failed) and "deadline" in tp.cells["cugraphrt"].message
+    assert isinstance(tp.cells["eager"], NotAvailable)
+
+
+def test_the_launch_reads_the_result_and_reports_a_hang(monkeypatch, capsys):
+    from cugraphrt.bench import torchrun as launcher
+
+    seen = {}
+
+    def fake(target, args=(), **kwargs):
+        seen.update(kwargs, target=target)
+        return launcher.Launch(["torchrun"], 0, 'noise\nRESULT {"ddp": {}}\n', "", 12.0)
+
+    monkeypatch.setattr(launcher, "torchrun", fake)
+    assert workloads_distributed._launch() == {"ddp": {}}
+    assert seen["target"] == "cugraphrt.bench.distributed_child" and seen["module"]
+    assert seen["nproc"] == 2 and seen["deadline_s"] == workloads_distributed.DEADLINE_S
+    hung = launcher.Launch(["torchrun"], 1, "", "", 460.0, timed_out=True,
+                           stacks={"rank1": "Timeout (0:07:00)!\n  File x.py"})
+    monkeypatch.setattr(launcher, "torchrun", lambda *a, **k: hung)
+    with pytest.raises(RuntimeError, match="torchrun hung: a rank reached the 420 s deadline"):
+        workloads_distributed._launch()
+    assert "--- rank1: Python stacks ---" in capsys.readouterr().err

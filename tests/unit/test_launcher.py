@@ -216,3 +216,25 @@ def test_a_launcher_cannot_be_made_pickled_or_copied(fake):
     for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
         with pytest.raises(TypeError, match="cannot be pickled or copied"):
             attempt(launch)
+
+
+def test_no_launcher_before_the_cross_rank_check_of_a_graph_holding_collectives(
+        fake, monkeypatch):
+    from cugraphrt import collective_replay
+    from cugraphrt.collective_log import Collective, CollectiveLog
+
+    from .test_collective_check import DictStore, StoreExchanger
+
+    monkeypatch.setattr(collective_replay, "collective_timeout", lambda: None)
+    g = fake.graph(device=0, exec_handle=0xE0)
+    log = CollectiveLog(StoreExchanger(DictStore(), 0, ranks=(0,)))
+    log.add(Collective("all_reduce", "float32", 4096, "0", "sum"))
+    collective_replay.arm_graph(g, log)
+    with pytest.raises(ReplayError, match=r"before its cross-rank check.*replay it once"):
+        g.launcher()
+    g.replay(Stream(0x51, device_id=0))  # the check passes (one rank) and disarms the graph
+    assert log.verdict is True and "replay" not in g.__dict__
+    launch = g.launcher(Stream(0x51, device_id=0))
+    launch()
+    assert [launch_[:2] for launch_ in fake.launches[-2:]] == [(0xE0, 0x51), (0xE0, 0x51)]
+    g.reset()

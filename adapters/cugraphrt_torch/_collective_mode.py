@@ -1,0 +1,271 @@
+"""The collectives torch issues during a cugraphrt_torch capture, recorded and checked.
+
+Every ``torch.distributed`` collective reaches the dispatcher as a ``c10d`` operation
+(``c10d.allreduce_``, ``c10d.broadcast_``, ...; the functional collectives as
+``_c10d_functional`` ones), whoever issues it: ``dist.all_reduce`` in user code, the
+differentiable collectives of ``torch.distributed.nn``, DDP's reducer in C++. A
+``TorchDispatchMode`` active during the capture sees them all, backward ones included: the
+autograd engine runs a backward with the thread-local state of the thread that called it
+(dispatch modes among it), also on its device threads. The mode records each one into the
+capture's :class:`~cugraphrt.collective_log.CollectiveLog`; when the capture ends the graph is
+armed (:func:`arm`): checked across ranks through the process group's store before its first
+replay, watched afterwards if a collective timeout is set, and released before its process
+group shuts down (see :mod:`cugraphrt_torch._lifecycle`).
+
+The mode is only active while ``torch.distributed`` is initialized; set
+``CUGRAPHRT_CHECK_COLLECTIVES=0`` to turn recording off (no check, no release).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from cugraphrt.collective_log import Collective, log_for, track
+from cugraphrt.collective_replay import first_replay
+from cugraphrt.collective_watchdog import collective_timeout, guard_capture
+from cugraphrt.crossrank import exchange_over_store
+
+from . import _torch
+
+__all__ = ["recording", "arm", "describe_op", "TorchExchanger"]
+
+_Tensor = torch.Tensor
+_TENSOR_DISPATCH = torch.Tensor.__torch_dispatch__
+_NAMESPACES = ("c10d", "_c10d_functional")
+
+# c10d op -> (kind, index of the tensor argument every rank passes alike or None).
+_C10D = {
+    "allreduce_": ("all_reduce", 0), "allreduce_coalesced_": ("all_reduce_coalesced", 0),
+    "allgather_": ("all_gather", 1), "_allgather_base_": ("all_gather_into_tensor", 1),
+    "allgather_coalesced_": ("all_gather_coalesced", 1),
+    "allgather_into_tensor_coalesced_": ("all_gather_into_tensor_coalesced", 1),
+    "reduce_scatter_": ("reduce_scatter", 0), "_reduce_scatter_base_": ("reduce_scatter_tensor", 0),
+    "reduce_scatter_tensor_coalesced_": ("reduce_scatter_tensor_coalesced", 0),
+    "broadcast_": ("broadcast", 0), "reduce_": ("reduce", 0), "gather_": ("gather", 1),
+    "scatter_": ("scatter", 0), "alltoall_": ("all_to_all", None),
+    "alltoall_base_": ("all_to_all_single", None), "send": ("send/recv", 0),
+    "recv_": ("send/recv", 0), "recv_any_source_": ("send/recv", 0), "barrier": ("barrier", None),
+}
+_ROOTED = ("broadcast", "reduce", "gather", "scatter")
+_RED_OPS: dict[int, str] = {}
+
+
+def _reduce_name(op: Any) -> str:
+    if not _RED_OPS:
+        members: Any = torch.distributed.ReduceOp.RedOpType.__members__
+        for name, value in members.items():
+            _RED_OPS[int(value)] = name.lower()
+    try:
+        return _RED_OPS.get(int(op.op()), "op")
+    except Exception:  # noqa: BLE001 - an op object we cannot read: compare the kind only
+        return "op"
+
+
+def _tensors(value: Any) -> list:
+    if isinstance(value, _Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+def _script_type(value: Any) -> str:
+    try:
+        return value._type().qualified_name()
+    except Exception:  # noqa: BLE001 - not a TorchBind object
+        return ""
+
+
+def _group_name(value: Any) -> str:
+    """A c10d ProcessGroup argument (a TorchBind object) as its group name."""
+    from torch._C._distributed_c10d import ProcessGroup
+
+    try:
+        return str(ProcessGroup.unbox(value).group_name)
+    except Exception:  # noqa: BLE001 - no unbox in this torch: fall back to the default
+        return str(torch.distributed.distributed_c10d._get_default_group().group_name)
+
+
+def describe_op(func: Any, args: tuple) -> Collective | None:
+    """The :class:`Collective` a ``c10d``/``_c10d_functional`` operation issues, or None
+    for one that issues none (``wait_tensor``, ...)."""
+    name = func._schema.name.split("::", 1)[1]
+    if func.namespace == "_c10d_functional":
+        if name.startswith("wait") or "wrap" in name:
+            return None
+        strings = [a for a in args if isinstance(a, str)]
+        tensors = _tensors(args[0]) if args else []
+        detail = strings[0] if len(strings) > 1 else ""
+        group = strings[-1] if strings else "?"
+        kind, symmetric = name.rstrip("_"), tensors
+    else:
+        if name not in _C10D:
+            return None
+        kind, index = _C10D[name]
+        symmetric = _tensors(args[index]) if index is not None else []
+        group, op, root = "?", "", ""
+        for arg in args:
+            typename = _script_type(arg)
+            if typename.endswith("ProcessGroup"):
+                group = _group_name(arg)
+            elif typename.endswith("ReduceOp"):
+                op = _reduce_name(arg)
+            elif (group != "?" and kind in _ROOTED and not root and isinstance(arg, int)
+                  and not isinstance(arg, bool)):
+                root = f"root {arg}"  # the first int after the group: the root rank
+        detail = " ".join(part for part in (op, root) if part)
+    dtype = str(symmetric[0].dtype).replace("torch.", "") if symmetric else "-"
+    count = sum(t.numel() for t in symmetric) if symmetric else -1
+    return Collective(kind, dtype, count, group, detail)
+
+
+class _Recorder(TorchDispatchMode):
+    """Records the collectives dispatched while a capture is underway (see the module)."""
+
+    def __init__(self, capture: Any) -> None:
+        super().__init__()
+        self.capture = capture
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Compiled code still runs compiled under this mode (dynamo skips frames under modes
+        # that do not say this), and its collectives still reach the dispatcher.
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # A tensor subclass (DTensor) turns into plain ops and collectives itself: let it,
+        # and see what it issues.
+        for t in types:
+            if getattr(t, "__torch_dispatch__", _TENSOR_DISPATCH) is not _TENSOR_DISPATCH:
+                return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in _NAMESPACES:
+            collective = describe_op(func, args)
+            if collective is not None:
+                log_for(self.capture, TorchExchanger()).add(collective)
+        return out
+
+
+def enabled() -> bool:
+    """Whether captures record collectives now (torch.distributed is initialized)."""
+    if os.environ.get("CUGRAPHRT_CHECK_COLLECTIVES", "1") == "0":
+        return False
+    dist = torch.distributed
+    return bool(dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def recording(capture: Any) -> Iterator[None]:
+    """Record ``capture``'s collectives while the block runs (nothing without a process
+    group); with a collective timeout set, watch the capture itself too (see
+    :func:`cugraphrt.collective_watchdog.guard_capture`)."""
+    if not enabled():
+        yield
+        return
+    stop = _no_guard
+    if collective_timeout() is not None:
+        world = TorchExchanger()
+        world_group: Any = torch.distributed.group.WORLD
+        world.bind(frozenset({str(world_group.group_name)}))
+        stop = guard_capture("a capture with torch.distributed initialized", world)
+    try:
+        with _Recorder(capture):
+            yield
+    finally:
+        stop()
+
+
+def _no_guard() -> None:
+    return None
+
+
+_counters: dict[str, int] = {}
+
+
+class TorchExchanger:
+    """The ranks of a torch graph's groups, reached through the default process group's
+    store (a TCP store on the host: a missing rank makes it time out, never hang)."""
+
+    def __init__(self) -> None:
+        self.groups: tuple[str, ...] = ()
+        self.rank = 0
+        self.ranks: tuple[int, ...] = (0,)
+        self.key = ""
+
+    def bind(self, groups: frozenset[str]) -> None:
+        """Resolve the groups the graph's collectives use to their global ranks."""
+        dist = torch.distributed
+        self.groups = tuple(sorted(groups))
+        ranks: set[int] = set()
+        for name in self.groups:
+            ranks.update(dist.get_process_group_ranks(self._resolve(name)))
+        self.rank = dist.get_rank()
+        self.ranks = tuple(sorted(ranks)) or (self.rank,)
+        self.key = "+".join(self.groups)
+
+    @staticmethod
+    def _resolve(name: str) -> Any:
+        resolve: Any = torch.distributed.distributed_c10d._resolve_process_group
+        return resolve(name)
+
+    def next_index(self) -> int:
+        index = _counters.get(self.key, 0)
+        _counters[self.key] = index + 1
+        return index
+
+    def exchange(self, tag: str, payload: bytes, timeout_s: float) -> dict[int, bytes]:
+        if len(self.ranks) == 1:
+            return {self.rank: payload}
+        store = torch.distributed.distributed_c10d._get_default_store()
+        return exchange_over_store(store, f"cugraphrt/collectives/{self.key}/{tag}", self.rank,
+                                   self.ranks, payload, timeout_s)
+
+    def default_timeout_s(self) -> float:
+        try:
+            store: Any = torch.distributed.distributed_c10d._get_default_store()
+            return float(store.timeout.total_seconds())
+        except Exception:  # noqa: BLE001 - no store timeout to read: torch's NCCL default
+            return 600.0
+
+    def abort(self) -> None:
+        for name in self.groups:
+            self._resolve(name).abort()
+
+    def describe(self) -> str:
+        groups = ", ".join(repr(g) for g in self.groups)
+        return f"rank {self.rank} of ranks {list(self.ranks)} (group {groups})"
+
+
+def arm(cuda_graph: Any, log: Any, replay: Any, torch_graph: Any, device: int) -> None:
+    """Arm an adopted torch graph whose capture recorded collectives (see the module)."""
+    from . import _lifecycle
+
+    exchanger = log.exchanger
+    if isinstance(exchanger, TorchExchanger):
+        exchanger.bind(log.groups)
+    log.seal()
+    track(cuda_graph, log)
+    ref = weakref.ref(torch_graph)
+
+    def reset_torch_graph() -> None:
+        graph = ref()
+        if graph is not None:
+            graph.reset()  # whoever else still holds it: NCCL waits for this
+
+    log.release_hooks.append(reset_torch_graph)
+
+    def install(steady) -> None:
+        replay._replay = steady
+
+    def stream_of() -> int:
+        return _torch.current_torch_stream_ptr(device)
+
+    replay._replay = first_replay(log, replay._replay, install, stream_of, device)
+    _lifecycle.install()

@@ -1,0 +1,171 @@
+"""One rank of ``cugraphrt bench --distributed``: run under torchrun, prints the timings.
+
+``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
+cugraphrt.bench.distributed_child`` (the parent, :mod:`cugraphrt.bench.workloads_distributed`,
+starts it under a deadline). Every rank runs the same systems in the same order (their
+collectives must pair up); rank 0 prints one ``RESULT {json}`` line: seconds per step, one
+list of samples per system.
+
+* ``ddp``: a data-parallel training step (MLP 8x256, batch 32 per rank, Adam): eager DDP
+  against the whole step, DDP's all-reduce included, as one cugraphrt graph per rank.
+* ``tp``: a decode step of a 2-way tensor-parallel Llama-style decoder
+  (:mod:`cugraphrt.bench.tp_decoder`: 4 layers, bf16, two all-reduces per layer): eager,
+  torch's own CUDA graph, cugraphrt, and cugraphrt with the hang watchdog on (what it
+  costs).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .tp_decoder import Dims, build
+
+__all__ = ["main", "DDP_SYSTEMS", "TP_SYSTEMS"]
+
+DDP_SYSTEMS = ("ddp_eager", "cugraphrt_step")
+TP_SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_watched")
+_LAYERS, _WIDTH, _BATCH = 8, 256, 32
+_STEPS, _REPEATS, _WARMUP = 50, 7, 11  # DDP needs 11 eager steps before its capture
+_TP = Dims()
+_WATCHDOG_S = 120.0
+
+
+def _interleaved(torch: Any, systems: dict[str, Callable[[], None]], before=None
+                 ) -> dict[str, list[float]]:
+    """Seconds per step of each system: one batch of ``_STEPS`` each in turn, repeated."""
+    samples: dict[str, list[float]] = {name: [] for name in systems}
+    for _ in range(_REPEATS):
+        for name, step in systems.items():
+            if before is not None:
+                before(name)
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(_STEPS):
+                step()
+            torch.cuda.synchronize()
+            samples[name].append((time.perf_counter() - start) / _STEPS)
+    return samples
+
+
+def _on_capture_stream(torch: Any, fn: Callable[[], None], count: int) -> None:
+    from cugraphrt_torch.distributed import capture_stream
+
+    stream = capture_stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(count):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+def _ddp(torch: Any, device: Any) -> dict[str, list[float]]:
+    import cugraphrt_torch
+    from cugraphrt_torch.distributed import capture_stream
+    from torch.nn.parallel import DistributedDataParallel
+
+    import cugraphrt
+
+    x = torch.randn(_BATCH, _WIDTH, device=device)
+    y = torch.randn(_BATCH, _WIDTH, device=device)
+    steps: dict[str, Callable[[], None]] = {}
+    for system in DDP_SYSTEMS:
+        torch.manual_seed(0)
+        layers: list[Any] = []
+        for _ in range(_LAYERS):
+            layers += [torch.nn.Linear(_WIDTH, _WIDTH), torch.nn.ReLU()]
+        with torch.cuda.stream(capture_stream()):  # DDP built on the capture stream
+            model = DistributedDataParallel(torch.nn.Sequential(*layers).to(device))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-4, capturable=True)
+
+        def step(model=model, opt=opt) -> None:
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+
+        _on_capture_stream(torch, step, _WARMUP)
+        steps[system] = step
+        if system == "cugraphrt_step":
+            opt.zero_grad(set_to_none=True)
+            g = cugraphrt.Graph()
+            with cugraphrt_torch.graph(g):
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+            steps[system] = functools.partial(g.replay, torch.cuda.current_stream())
+            steps[system]()  # the checked first replay
+    return _interleaved(torch, steps)
+
+
+def _tp(torch: Any, rank: int, world: int, device: Any) -> dict[str, list[float]]:
+    import cugraphrt_torch
+    from cugraphrt_torch.distributed import capture_stream
+
+    import cugraphrt
+    from cugraphrt.collective_watchdog import set_collective_timeout
+
+    decoders = {s: build(torch, _TP, rank=rank, world=world, device=device,
+                         dtype=torch.bfloat16) for s in TP_SYSTEMS}
+    x = torch.randn(_TP.batch, _TP.hidden, device=device, dtype=torch.bfloat16)
+    steps: dict[str, Callable[[], Any]] = {"eager": functools.partial(decoders["eager"].step, x)}
+    outs: dict[str, Any] = {}
+    torch_graph = torch.cuda.CUDAGraph()
+    for system in TP_SYSTEMS[1:]:
+        decoder = decoders[system]
+        _on_capture_stream(torch, functools.partial(decoder.step, x), 3)
+        decoder.reset()
+        if system == "torch_graph":
+            with torch.cuda.graph(torch_graph, stream=capture_stream()):
+                outs[system] = decoder.step(x)
+            steps[system] = torch_graph.replay
+            continue
+        set_collective_timeout(_WATCHDOG_S if system == "cugraphrt_watched" else None)
+        g = cugraphrt.Graph()
+        with cugraphrt_torch.graph(g):
+            outs[system] = decoder.step(x)
+        steps[system] = functools.partial(g.replay, torch.cuda.current_stream())
+        steps[system]()  # the first replay: checked, and sets the steady replay up
+    set_collective_timeout(None)
+
+    def before(name: str) -> None:  # every batch starts from an empty cache
+        decoders[name].reset()
+
+    samples = _interleaved(torch, steps, before)
+    # The replays computed what eager does (the same steps from position 0).
+    decoders["eager"].reset()
+    want = [decoders["eager"].step(x) for _ in range(4)]
+    for system in TP_SYSTEMS[1:]:
+        decoders[system].reset()
+        for i in range(4):
+            steps[system]()
+            torch.testing.assert_close(outs[system].float(), want[i].float(), rtol=2e-2,
+                                       atol=2e-2, msg=lambda m, s=system: f"{s}: {m}")
+    torch_graph.reset()  # torch's own graph must go before its group: cugraphrt cannot see it
+    return samples
+
+
+def main() -> None:
+    """Join the group, measure, report on rank 0, leave."""
+    import torch
+    import torch.distributed as dist
+    from cugraphrt_torch.distributed import check_capture
+
+    local_rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(local_rank)
+    device = torch.device("cuda", local_rank)
+    dist.init_process_group("nccl", device_id=device)
+    check_capture()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    results = {"ddp": _ddp(torch, device), "tp": _tp(torch, rank, world, device)}
+    if rank == 0:
+        print("RESULT " + json.dumps(results), flush=True)
+    torch.cuda.synchronize()
+    dist.barrier()
+    dist.destroy_process_group()  # cugraphrt's graphs are released first
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""Arm a graph that holds collectives: checked before its first replay, watched after each.
+
+A graph whose capture recorded collectives (:mod:`cugraphrt.collective_log`) gets a replay
+function of its own until its first replay, which exchanges the collectives with the other
+ranks (:func:`cugraphrt.crossrank.verify`) and then installs the steady replay: the plain
+launch, or, with a collective timeout set, the launch followed by one event for the
+watchdog (:mod:`cugraphrt.collective_watchdog`). Graphs without collectives are never
+touched, and with the watchdog off the steady replay of a core graph is the class's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from . import crossrank
+from .collective_log import CollectiveLog, track
+from .collective_watchdog import collective_timeout, pending_error, watch
+from .devices import stream_ptr
+
+__all__ = ["first_replay", "steady_replay", "arm_graph"]
+
+
+def steady_replay(log: CollectiveLog, launch: Callable, stream_of: Callable[..., int],
+                  device: int) -> Callable:
+    """``launch`` itself with the watchdog off; with it on, launch, then watch the replay.
+
+    ``stream_of`` takes the replay's arguments and returns the handle of the stream the
+    graph was launched on.
+    """
+    timeout = collective_timeout()
+    if timeout is None:
+        return launch
+
+    def watched(*args: Any, **kwargs: Any) -> None:
+        error = pending_error()
+        if error is not None:
+            raise error
+        launch(*args, **kwargs)
+        watch(stream_of(*args, **kwargs), device, log, timeout)
+
+    return watched
+
+
+def first_replay(log: CollectiveLog, launch: Callable, install: Callable[[Callable], None],
+                 stream_of: Callable[..., int], device: int) -> Callable:
+    """The replay a graph holding collectives starts with: check across ranks, then hand
+    over to :func:`steady_replay` (through ``install``) and replay."""
+
+    settled: list[Callable] = []  # a caller that kept this function: straight through
+
+    def replay(*args: Any, **kwargs: Any) -> None:
+        if settled:
+            settled[0](*args, **kwargs)
+            return
+        crossrank.verify(log, collective_timeout())
+        steady = steady_replay(log, launch, stream_of, device)
+        settled.append(steady)
+        install(steady)
+        steady(*args, **kwargs)
+
+    return replay
+
+
+def arm_graph(graph: Any, log: CollectiveLog) -> None:
+    """Arm a core :class:`cugraphrt.Graph` through its per-instance ``replay`` override."""
+    log.seal()
+    track(graph, log)
+    device = graph.device_id
+    launch = type(graph).replay.__get__(graph)
+
+    def install(steady: Callable) -> None:
+        if steady is launch:
+            graph.__dict__.pop("replay", None)  # the class's replay again: no cost at all
+        else:
+            graph.__dict__["replay"] = steady
+
+    def stream_of(stream=None) -> int:
+        return stream_ptr(stream, device)
+
+    graph.__dict__["replay"] = first_replay(log, launch, install, stream_of, device)

@@ -1,0 +1,50 @@
+"""CuPy NCCL collectives in a graph on one GPU (a communicator of one rank): recorded, armed
+for the cross-rank check, replayed through the class's own replay once checked, and released
+before the communicator is destroyed."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+cupy = pytest.importorskip("cupy")
+
+import cugraphrt  # noqa: E402
+from cugraphrt import ReplayError, collective_log  # noqa: E402
+from cugraphrt.collective_log import Collective  # noqa: E402
+from cugraphrt.distributed import Collectives  # noqa: E402
+
+
+@pytest.fixture
+def solo():
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"CuPy's NCCL bindings do not import ({exc})")
+    if not nccl.available:
+        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    return Collectives(comm, label="solo")
+
+
+def test_a_captured_collective_is_checked_then_replays_and_is_released(solo):
+    rng = cupy.random.default_rng(5)
+    x = rng.standard_normal(4096, dtype=cupy.float32)
+    out = cupy.empty_like(x)
+    solo.all_reduce(x * 2, out=out)  # warm-up
+    g = cugraphrt.Graph()
+    with cugraphrt.graph(g):
+        solo.all_reduce(x * 2, out=out)
+    ((graph, log),) = collective_log.live_graphs(exchanger=solo._exchanger)
+    assert graph is g and log.entries == [Collective("all_reduce", "float32", 4096, "solo",
+                                                     "sum")]
+    assert "replay" in g.__dict__ and log.verdict is None  # armed, not checked yet
+    for _ in range(3):
+        x[...] = rng.standard_normal(4096, dtype=cupy.float32)
+        g.replay()
+        cupy.testing.assert_allclose(out, x * 2)  # one rank: the sum is the value
+    assert log.verdict is True and "replay" not in g.__dict__  # the class's replay again
+    solo.close()
+    with pytest.raises(ReplayError, match="after reset"):
+        g.replay()
