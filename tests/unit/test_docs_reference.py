@@ -58,12 +58,16 @@ def _documented(pages: dict[str, str]) -> dict[str, set[str]]:
     return found
 
 
+def _reference(package: str):
+    """The package, its generated pages and what each page documents."""
+    module = importlib.import_module(package)
+    pages = _apiref().package_pages(package)
+    return module, pages, _documented(pages)
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_every_name_of_all_is_in_the_reference(package):
-    apiref = _apiref()
-    module = importlib.import_module(package)
-    pages = apiref.package_pages(package)
-    documented = _documented(pages)
+    module, pages, documented = _reference(package)
     top = documented[f"{package}.rst"]
     missing = []
     for name in module.__all__:
@@ -82,9 +86,7 @@ def test_every_public_submodule_name_is_documented_once(package):
     # A submodule's own name is documented on its page; one the package re-exports, on the
     # package's page (under the package's name, the one users write).
     apiref = _apiref()
-    top_module = importlib.import_module(package)
-    pages = apiref.package_pages(package)
-    documented = _documented(pages)
+    top_module, pages, documented = _reference(package)
     everything = set().union(*documented.values())
     for name in apiref.submodules(top_module):
         sub = importlib.import_module(name)
