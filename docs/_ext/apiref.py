@@ -116,8 +116,8 @@ def _docstring(path: Path) -> str:
 def examples_page(examples: Path) -> str:
     """A MyST page with every example: its docstring (Markdown-like prose) and its code."""
     lines = ["# Examples", "",
-             "Complete programs, each runnable as `python examples/NAME.py` from the "
-             "repository root (the CUDA ones need a GPU). Each is checked by the GPU tests.",
+             "Complete programs, run from the repository root as `python examples/NAME.py` "
+             "(each needs a CUDA GPU; the GPU tests run them).",
              ""]
     for path in sorted(examples.glob("*.py")):
         rel = f"../../examples/{path.name}"
