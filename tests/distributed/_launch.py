@@ -19,8 +19,13 @@ ROOT = HERE.parents[1]
 WORLD = 2
 
 
-def device_count(library: str = "torch") -> tuple[int, str]:
-    """CUDA devices ``library`` (torch or cupy) sees here, and why none when 0."""
+def device_count(library: str = "torch") -> int:
+    """CUDA devices ``library`` (torch or cupy) sees here; 0 without it or without CUDA."""
+    return _devices(library)[0]
+
+
+def _devices(library: str) -> tuple[int, str]:
+    """CUDA devices ``library`` sees here, and why none when 0."""
     try:
         module = importlib.import_module(library)
     except ImportError as exc:
@@ -39,7 +44,7 @@ def device_count(library: str = "torch") -> tuple[int, str]:
 
 def skip_unless_gpus(count: int = WORLD, library: str = "torch"):
     """A mark that skips a test with fewer than ``count`` GPUs (or without ``library``)."""
-    have, why = device_count(library)
+    have, why = _devices(library)
     reason = f"needs {count} CUDA GPU(s) seen by {library} (got {have}"
     return pytest.mark.skipif(have < count, reason=reason + (f": {why})" if why else ")"))
 
