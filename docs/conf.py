@@ -56,7 +56,7 @@ autodoc_typehints_format = "short"
 napoleon_google_docstring = False
 napoleon_numpy_docstring = True
 napoleon_use_ivar = True  # "Attributes" as fields: pydantic fields are no class attributes
-napoleon_use_rtype = False
+napoleon_use_rtype = True  # one "Return type" field (autodoc adds none beside it)
 
 html_theme = "furo"
 html_title = f"cugraphrt {release}"

@@ -62,7 +62,7 @@ def _page(module: types.ModuleType, names: list[str], children: list[str]) -> st
     lines = [title, "=" * len(title), "", f".. automodule:: {title}", "   :no-members:", "",
              f".. currentmodule:: {title}", ""]
     by_kind: dict[str, list[str]] = {kind: [] for kind in _KINDS}
-    for name in names:
+    for name in sorted(names, key=str.lower):
         by_kind[_kind(getattr(module, name))].append(name)
     for kind in _KINDS:
         if not by_kind[kind]:
