@@ -16,6 +16,7 @@ except ImportError as _exc:
     raise ImportError(
         f"cugraphrt needs CuPy (got: {_exc}); install cugraphrt with the CuPy extra for your "
         f'CUDA version: pip install "cugraphrt[cuda13]" (CUDA 13) or '
-        f'pip install "cugraphrt[cuda12]" (CUDA 12)',
+        f'pip install "cugraphrt[cuda12]" (CUDA 12); in a clone of cugraphrt: '
+        f'pip install -e ".[cuda13]"',
         name=_exc.name,
     ) from _exc

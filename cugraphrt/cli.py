@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from ._exit_codes import NO_GPU_EXIT_CODE
 
-__all__ = ["main", "InfoResult", "collect_info", "NO_GPU_EXIT_CODE"]
+__all__ = ["main", "InfoResult", "collect_info", "gpu_advice", "NO_GPU_EXIT_CODE"]
 
 
 class GpuInfo(BaseModel):
@@ -35,6 +35,7 @@ class InfoResult(BaseModel):
     cuda_driver_version: int | None = None
     gpus: list[GpuInfo] = []
     gpu_error: str | None = None
+    gpu_advice: str | None = None
     nccl_version: str | None = None
     torch_version: str | None = None
     torch_error: str | None = None
@@ -51,12 +52,13 @@ def collect_info() -> InfoResult:
         return InfoResult(cugraphrt_version=__version__, cupy_version=None,
                           gpu_error=f"CuPy is not installed ({exc})")
     result = InfoResult(cugraphrt_version=__version__, cupy_version=cupy.__version__)
+    runtime = cupy.cuda.runtime
     try:
-        if not cupy.cuda.is_available():
-            raise RuntimeError("cupy.cuda.is_available() is False")
-        runtime = cupy.cuda.runtime
+        # The versions first: without a GPU they say why (a driver of 0 is no driver).
         result.cuda_runtime_version = runtime.runtimeGetVersion()
         result.cuda_driver_version = runtime.driverGetVersion()
+        if runtime.getDeviceCount() == 0:  # raises with the reason where CUDA has one
+            raise RuntimeError("CUDA reports no device")
         from .pool_summary import device_stats
 
         pools = {s.device_id: s for s in device_stats()}  # this process's pools, per device
@@ -75,6 +77,8 @@ def collect_info() -> InfoResult:
                     graph_pool_reserved_bytes=mine.reserved_bytes if mine else 0))
     except Exception as exc:  # noqa: BLE001 - any failure here means "no usable GPU"
         result.gpu_error = f"{type(exc).__name__}: {exc}"
+        result.gpu_advice = gpu_advice(getattr(exc, "status", None),
+                                       result.cuda_driver_version, result.cuda_runtime_version)
     result.nccl_version = _nccl_version()
     try:
         torch = importlib.import_module("torch")
@@ -88,6 +92,38 @@ def collect_info() -> InfoResult:
         except Exception as exc:  # noqa: BLE001
             result.torch_adapter = f"does not import ({type(exc).__name__}: {exc})"
     return result
+
+
+_INSUFFICIENT_DRIVER = 35  # cudaErrorInsufficientDriver
+_NO_DEVICE = 100  # cudaErrorNoDevice
+
+
+def gpu_advice(status: int | None, driver: int | None, runtime: int | None) -> str:
+    """What to do when no GPU is usable, from the CUDA status and versions seen.
+
+    Parameters
+    ----------
+    status : int or None
+        The ``cudaError_t`` of the failed device query, None when there was none.
+    driver, runtime : int or None
+        ``cudaDriverGetVersion`` (0 without a driver) and CuPy's CUDA runtime version.
+
+    Returns
+    -------
+    str
+        One sentence for ``cugraphrt info``.
+    """
+    if status == _INSUFFICIENT_DRIVER and not driver:
+        return ("no NVIDIA driver is loaded: cugraphrt captures and replays on an NVIDIA GPU; "
+                "on this machine only the GPU-free tests run (pytest skips the others)")
+    if status == _INSUFFICIENT_DRIVER:
+        return (f"the driver supports CUDA up to {_cuda_version(driver)}, older than the CUDA "
+                f"{_cuda_version(runtime)} runtime of this CuPy: update the NVIDIA driver, or "
+                f"install the CuPy for the driver's CUDA version (the cuda12 extra for CUDA 12)")
+    if status == _NO_DEVICE:
+        return ("the driver sees no GPU: check CUDA_VISIBLE_DEVICES and nvidia-smi "
+                "(a GPU hidden from this process, or none in the machine)")
+    return "check nvidia-smi, the NVIDIA driver and CUDA_VISIBLE_DEVICES"
 
 
 def _nccl_version() -> str | None:
@@ -111,7 +147,8 @@ def _render_info(info: InfoResult) -> str:
              f"CuPy          {info.cupy_version or 'not installed'}"]
     if info.cuda_runtime_version is not None:
         lines.append(f"CUDA runtime  {_cuda_version(info.cuda_runtime_version)}")
-        lines.append(f"CUDA driver   {_cuda_version(info.cuda_driver_version)}")
+        driver = info.cuda_driver_version
+        lines.append(f"CUDA driver   {_cuda_version(driver) if driver else 'none loaded'}")
     for gpu in info.gpus:
         pools = (f", {gpu.graph_pools} graph pool(s) reserving "
                  f"{gpu.graph_pool_reserved_bytes / 2**20:.1f} MiB" if gpu.graph_pools else "")
@@ -123,10 +160,15 @@ def _render_info(info: InfoResult) -> str:
     if info.torch_version is not None:
         lines.append(f"torch         {info.torch_version}")
         lines.append(f"torch adapter {info.torch_adapter}")
+    elif "No module named 'torch'" in (info.torch_error or ""):
+        lines.append("torch         not installed (optional: the PyTorch adapter, "
+                     "cugraphrt_torch, needs it)")
     else:
         lines.append(f"torch         not importable ({info.torch_error})")
     if not info.gpus:
         lines.append(f"no CUDA GPU is available: {info.gpu_error or 'no device found'}")
+        if info.gpu_advice:
+            lines.append(f"  what to do: {info.gpu_advice}")
     return "\n".join(lines)
 
 

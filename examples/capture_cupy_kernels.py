@@ -1,6 +1,7 @@
 """Capture a chain of CuPy kernels once, replay it with one launch.
 
-Run: python examples/capture_cupy_kernels.py
+Run: python examples/capture_cupy_kernels.py   (needs a CUDA GPU: `cugraphrt info` says
+whether one is usable here)
 """
 
 from __future__ import annotations

@@ -19,6 +19,18 @@ def pytest_addoption(parser):
                           "compiles of the examples); also enabled by CUGRAPHRT_LONG=1")
 
 
+def pytest_report_header(config):
+    # Which copy of the packages runs: the source tree, or an installed wheel (.ci/run's
+    # wheel job checks this line). find_spec does not import cugraphrt_torch (and torch).
+    from importlib.util import find_spec
+
+    where = []
+    for name in ("cugraphrt", "cugraphrt_torch"):
+        spec = find_spec(name)
+        where.append(f"{name} from {spec.origin if spec else 'nowhere (not importable)'}")
+    return "; ".join(where)
+
+
 def stress_enabled(config) -> bool:
     """Whether the long runs of tests/stress are on (--stress or CUGRAPHRT_STRESS=1)."""
     return bool(config.getoption("--stress")) or os.environ.get("CUGRAPHRT_STRESS") == "1"

@@ -10,6 +10,7 @@ one script run in one launch (one process group), shared by the tests that ask f
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 
@@ -26,23 +27,32 @@ DEADLINE_S = float(os.environ.get("CUGRAPHRT_TEST_DEADLINE", "240"))
 
 def device_count(library: str = "torch") -> int:
     """CUDA devices ``library`` (torch or cupy) sees here; 0 without it or without CUDA."""
+    return _devices(library)[0]
+
+
+def _devices(library: str) -> tuple[int, str]:
+    """CUDA devices ``library`` sees here, and why none when 0."""
+    try:
+        module = importlib.import_module(library)
+    except ImportError as exc:
+        return 0, f"{library} is not installed ({exc})"
     try:
         if library == "torch":
-            import torch
-
-            return torch.cuda.device_count() if torch.cuda.is_available() else 0
-        import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() if cupy.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - not installed, or no driver
-        return 0
+            if not module.cuda.is_available():
+                return 0, "torch.cuda.is_available() is False"
+            return module.cuda.device_count(), ""
+        if not module.cuda.is_available():
+            return 0, "cupy.cuda.is_available() is False"
+        return module.cuda.runtime.getDeviceCount(), ""
+    except Exception as exc:  # noqa: BLE001 - no driver, a broken install
+        return 0, f"{type(exc).__name__}: {exc}"
 
 
 def skip_unless_gpus(count: int = WORLD, library: str = "torch"):
     """A mark that skips a test with fewer than ``count`` GPUs (or without ``library``)."""
-    have = device_count(library)
-    return pytest.mark.skipif(have < count, reason=f"needs {count} CUDA GPU(s) seen by "
-                                                   f"{library} (got {have})")
+    have, why = _devices(library)
+    reason = f"needs {count} CUDA GPU(s) seen by {library} (got {have}"
+    return pytest.mark.skipif(have < count, reason=reason + (f": {why})" if why else ")"))
 
 
 def launch(script: str, *args: str, nproc: int = WORLD, deadline_s: float = DEADLINE_S,

@@ -52,3 +52,34 @@ def test_info_reports_torch_state():
     info = collect_info()
     assert (info.torch_version is None) != (info.torch_error is None)
     json.loads(info.model_dump_json())
+
+
+@needs_no_gpu
+def test_info_without_a_gpu_says_what_to_do(capsys):
+    assert main(["info"]) == NO_GPU_EXIT_CODE
+    lines = capsys.readouterr().out.splitlines()
+    no_gpu = [i for i, line in enumerate(lines) if line.startswith("no CUDA GPU is available")]
+    assert no_gpu and lines[no_gpu[0] + 1].startswith("  what to do: "), lines
+
+
+@pytest.mark.parametrize("status, driver, expected", [
+    (35, 0, "no NVIDIA driver is loaded"),
+    (35, 12040, "the driver supports CUDA up to 12.4, older than the CUDA 13.0 runtime"),
+    (100, 13000, "the driver sees no GPU: check CUDA_VISIBLE_DEVICES"),
+    (999, 13000, "check nvidia-smi"),
+    (None, None, "check nvidia-smi")])
+def test_gpu_advice_follows_the_cuda_status(status, driver, expected):
+    from cugraphrt.cli import gpu_advice
+
+    assert gpu_advice(status, driver, 13000).startswith(expected)
+
+
+def test_info_names_a_missing_torch_as_optional():
+    from cugraphrt.cli import _render_info
+
+    info = InfoResult(cugraphrt_version="0", cupy_version="14",
+                      torch_error="ModuleNotFoundError: No module named 'torch'")
+    assert "torch         not installed (optional: the PyTorch adapter" in _render_info(info)
+    broken = info.model_copy(update={"torch_error": "OSError: libcudnn.so.9 missing"})
+    assert "torch         not importable (OSError: libcudnn.so.9 missing)" in (
+        _render_info(broken))

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,14 +56,22 @@ def test_import_is_cheap_and_defers_kernels():
 
 # -- every module on its own, and one-way layers ------------------------------------------
 
-PACKAGES = {"cugraphrt": ROOT / "cugraphrt",
-            "cugraphrt_torch": ROOT / "adapters" / "cugraphrt_torch"}
+def _package_dir(package: str) -> Path:
+    """The folder ``package`` imports from (the source tree, or an installed wheel when the
+    tests run against one), found without importing it: cugraphrt_torch imports torch."""
+    spec = importlib.util.find_spec(package)
+    assert spec is not None and spec.submodule_search_locations, f"{package} is not importable"
+    return Path(next(iter(spec.submodule_search_locations)))
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of the packages, by dotted name (``__main__`` left out: it runs the CLI)."""
+PACKAGES = {name: _package_dir(name) for name in ("cugraphrt", "cugraphrt_torch")}
+
+
+def _modules(packages=tuple(PACKAGES)) -> dict[str, Path]:
+    """Every module of ``packages``, by dotted name (``__main__`` left out: it runs the CLI)."""
     found = {}
-    for package, folder in PACKAGES.items():
+    for package in packages:
+        folder = PACKAGES[package]
         for path in sorted(folder.rglob("*.py")):
             parts = (package, *path.relative_to(folder).with_suffix("").parts)
             if parts[-1] == "__main__":
@@ -69,15 +80,17 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def test_every_module_imports_on_its_own():
-    # One forked child per module, after the third-party libraries are loaded in the parent:
-    # each child starts with none of the packages' modules, so a module that only imports
-    # after another one did (an import cycle, a missing import) fails here.
-    names = sorted(_modules())
+def _failing_alone(names: list[str], preload: list[str]) -> str:
+    """Import each module in a child forked after ``preload`` (third-party libraries) is
+    loaded: each child starts with none of the packages' modules, so a module that only
+    imports after another one did (an import cycle, a missing import) fails. Returns the
+    child's report, ``FAILED []`` when every module imported."""
+    roots = sorted({str(PACKAGES[name].parent) for name in PACKAGES})
     result = _run(f"""
         import os, sys, traceback, importlib
-        import cupy, numpy, pydantic, torch
-        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "adapters")!r}]
+        for lib in {preload!r}:
+            importlib.import_module(lib)
+        sys.path[:0] = {roots!r}
         failed = []
         for name in {names!r}:
             pid = os.fork()
@@ -94,7 +107,30 @@ def test_every_module_imports_on_its_own():
         print("FAILED", failed)
     """)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "FAILED []", result.stdout + result.stderr
+    return result.stdout + result.stderr
+
+
+def test_the_forked_importer_reports_a_module_that_fails():
+    report = _failing_alone(["cugraphrt.graphs", "cugraphrt.no_such_module"], ["cupy"])
+    assert report.startswith("FAILED ['cugraphrt.no_such_module']"), report
+
+
+def test_every_core_module_imports_on_its_own():
+    # Without torch: the core never needs it, and the README's install does not bring it.
+    names = sorted(_modules(["cugraphrt"]))
+    assert "cugraphrt.graphs" in names and "cugraphrt.bench.runner" in names, names
+    report = _failing_alone(names, ["cupy", "numpy", "pydantic"])
+    assert report.startswith("FAILED []"), report
+
+
+def test_every_adapter_module_imports_on_its_own():
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed: the cugraphrt_torch modules import it "
+                    "(pip install torch to check them)")
+    names = sorted(_modules(["cugraphrt_torch"]))
+    assert "cugraphrt_torch.dynamo" in names, names
+    report = _failing_alone(names, ["cupy", "numpy", "pydantic", "torch"])
+    assert report.startswith("FAILED []"), report
 
 
 def _imports_of(name: str, path: Path) -> set[str]:

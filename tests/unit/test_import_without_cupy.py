@@ -40,4 +40,5 @@ def test_import_without_cupy_names_the_extra():
     assert "ImportError: cugraphrt needs CuPy (got: No module named 'cupy'" in out
     assert 'pip install "cugraphrt[cuda13]" (CUDA 13)' in out
     assert 'pip install "cugraphrt[cuda12]" (CUDA 12)' in out
+    assert 'in a clone of cugraphrt: pip install -e ".[cuda13]"' in out
     assert "name: cupy" in out
