@@ -16,6 +16,9 @@ Run by every capture before it begins (``prepare_capture``):
 
 The replacements are installed once, on CuPy's modules, and do nothing outside captures but
 call the original.
+
+Every refusal of a library call is a :class:`~cugraphrt._peer_errors.LibraryCaptureError`: a
+``CaptureError`` and, like CuPy's own refusal of these libraries, a ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import threading
 from typing import Any, cast
 
 from . import _capture, _cublas
+from ._peer_errors import LibraryCaptureError
 from .errors import CaptureError
 
 __all__ = ["prepare_capture"]
@@ -134,7 +138,7 @@ def _refusing(fn, qualname: str, library: str, advice: str):
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
         if _capture.current_capture() is not None:
-            raise CaptureError(
+            raise LibraryCaptureError(
                 f"{library} call {qualname} cannot be captured (got a call during a "
                 f"cugraphrt capture): {advice}"
             )

@@ -217,8 +217,9 @@ class Graph:
         handles.graph = handle
         self._captured = True
         if _cuda.graph_node_count(handle) == 0:
+            # "The CUDA Graph is empty" is PyTorch's wording, which code and tests match on.
             warnings.warn(
-                "nothing was captured: the graph is empty (got 0 nodes). Work was probably "
+                "The CUDA Graph is empty: nothing was captured (got 0 nodes). Work was probably "
                 "issued on another stream (an explicit `with stream:` inside the captured "
                 "region, or the legacy default stream) or on another device; issue it on the "
                 "capture stream",
