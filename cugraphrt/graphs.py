@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import cast
 
 import cupy
@@ -53,7 +54,7 @@ _pool_module._check_listeners.append(_set_checks_enabled)
 class _GraphHandles:
     """What a Graph owns, kept apart from it so a finalizer can free it without the Graph."""
 
-    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned")
+    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned", "instantiate")
 
     def __init__(self) -> None:
         self.graph = 0
@@ -62,6 +63,7 @@ class _GraphHandles:
         self.seq = -1
         self.keepalive: list[object] = []
         self.owned = True  # False when an adapter's object (torch's CUDAGraph) frees them
+        self.instantiate: Callable[[], int] | None = None  # the adapter's, if it has one
 
     def release(self) -> None:
         """Destroy the executable and the graph and let go of the pool; never raises.
@@ -83,6 +85,7 @@ class _GraphHandles:
         self.exec = 0
         self.graph = 0
         self.owned = True
+        self.instantiate = None
         pool, self.pool = self.pool, None
         if pool is not None:
             try:
@@ -232,15 +235,18 @@ class Graph:
             handles.graph = 0
         return handles.graph
 
-    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None) -> None:
+    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None,
+               instantiate: Callable[[], int] | None = None) -> None:
         """Adapter hook: the graph and executable belong to ``owner``, which frees them.
 
         Used by the PyTorch adapter, whose ``torch.cuda.CUDAGraph`` owns the handles; the
         Graph keeps ``owner`` alive until :meth:`reset`. ``replay``, if given, replaces this
-        Graph's replay (PyTorch's replay also advances its RNG offsets).
+        Graph's replay (PyTorch's replay also advances its RNG offsets). ``instantiate``
+        (re-)instantiates through the owner, returning the executable (``exec_handle`` 0).
         """
         handles = self._handles
         handles.owned = False
+        handles.instantiate = instantiate
         handles.graph, handles.exec = graph_handle, exec_handle
         handles.keepalive.append(owner)
         self._exec = exec_handle or None
@@ -355,6 +361,9 @@ class Graph:
 
     def _instantiate(self) -> None:
         handles = self._handles
+        if not handles.owned and handles.instantiate is not None:
+            self._exec = handles.exec = handles.instantiate()  # owner frees the old one
+            return
         if not handles.owned:
             raise CaptureError(
                 "this graph's executable belongs to an adapter (got a torch-captured graph); "
