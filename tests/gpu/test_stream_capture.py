@@ -4,6 +4,8 @@ NotImplementedError for refused libraries)."""
 
 from __future__ import annotations
 
+import threading
+
 import cupy
 import numpy as np
 import pytest
@@ -192,6 +194,33 @@ def test_refused_libraries_are_not_implemented_errors(library, call, randn):
     g.launch(s)
     s.synchronize()
     cupy.testing.assert_allclose(y, a + 1)
+
+
+def test_first_cublas_use_in_a_capture_is_refused_like_cupy(randn):
+    a, b = randn((3, 4), np.float64), randn((4, 5), np.float64)
+    seen = {}
+
+    def fresh_thread():  # no CuPy cuBLAS handle exists in a new thread
+        s = cugraphrt.Stream(non_blocking=True)
+        with s:
+            s.begin_capture()
+            try:
+                cupy.matmul(a, b)
+            except Exception as exc:  # noqa: BLE001 - inspected below
+                seen["error"] = exc
+            y = a + 1
+            g = s.end_capture()
+        g.launch(s)
+        s.synchronize()
+        seen["y"] = y
+
+    thread = threading.Thread(target=fresh_thread)
+    thread.start()
+    thread.join()
+    error = seen["error"]
+    assert isinstance(error, NotImplementedError) and isinstance(error, CaptureError)
+    assert "cuBLAS" in str(error) and "warm-up" in str(error)
+    cupy.testing.assert_allclose(seen["y"], a + 1)
 
 
 def test_matmul_and_new_fft_plans_are_captured(randn):
