@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import cast
 
@@ -64,6 +65,23 @@ def is_current_stream_capturing() -> bool:
     if not torch.cuda.is_available():
         return False
     return bool(torch.cuda.is_current_stream_capturing())
+
+
+class _FirstReplay:
+    """The first replay of a kept graph: instantiate, then replay through torch from then on.
+
+    Weak on the graph, so that ``del g`` frees it at once (a bound method would make a cycle).
+    """
+
+    __slots__ = ("graph",)
+
+    def __init__(self, graph: CUDAGraph) -> None:
+        self.graph = weakref.ref(graph)
+
+    def __call__(self) -> None:
+        graph = self.graph()
+        if graph is not None:
+            graph._first_replay()
 
 
 def _replay_before_capture() -> None:
@@ -184,7 +202,7 @@ class CUDAGraph(Graph):
         if replay is None:
             self._replay_fn = _replay_before_capture
         else:
-            self._replay_fn = replay.on_torch_stream if exec_handle else self._first_replay
+            self._replay_fn = replay.on_torch_stream if exec_handle else _FirstReplay(self)
 
     # -- replay ----------------------------------------------------------------------------
 

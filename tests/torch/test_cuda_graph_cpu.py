@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import pickle
 import warnings
+import weakref
 
 import pytest
 
@@ -148,6 +149,14 @@ def test_kept_graph_instantiates_at_first_replay_and_again_on_request():
         g.replay()
     with pytest.raises(CaptureError, match=r"until capture_end\(\) has been called"):
         g.raw_cuda_graph()
+
+
+@pytest.mark.parametrize("keep_graph, exec_handle", [(True, 0), (False, 0x500)])
+def test_dropping_a_captured_graph_frees_it_at_once(keep_graph, exec_handle):
+    g, _, _ = _adopted(cugraphrt_torch.CUDAGraph, keep_graph, exec_handle)
+    watch = weakref.ref(g)
+    del g  # no reference cycle: torch users expect `del g` to free the graph now
+    assert watch() is None
 
 
 def test_graph_without_keep_graph_is_instantiated_and_refuses_instantiate():
