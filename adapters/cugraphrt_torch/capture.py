@@ -61,7 +61,9 @@ class graph:
     ----------
     cuda_graph : cugraphrt.Graph
         The graph to capture into. Its :meth:`~cugraphrt.Graph.replay` replays through
-        torch, on CuPy's current stream by default (or the ``stream`` given).
+        torch, on CuPy's current stream by default (or the ``stream`` given); a
+        :class:`cugraphrt_torch.CUDAGraph` replays on torch's current stream, as
+        ``torch.cuda.graph``'s graphs do.
     pool : cugraphrt.MemPool, optional
         Pool for the capture; a private one if omitted. One pool may serve CuPy-only and
         torch graphs alike.
