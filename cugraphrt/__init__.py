@@ -39,6 +39,7 @@ from .pool import (
     set_pool_checks,
 )
 from .pool_summary import device_stats, memory_summary
+from .stream import Stream, StreamGraph
 
 __version__ = "0.1.0"
 
@@ -50,6 +51,7 @@ __all__ = [
     "PoolStats", "ReplayError", "Launcher", "__version__", "default_capture_stream", "device_stats",
     "empty_cache", "graph", "graph_pool_handle", "is_current_stream_capturing", "make_graphed",
     "memory_summary", "pool_checks_enabled", "random", "set_pool_checks", "cond", "while_loop",
+    "Stream", "StreamGraph",
 ]
 
 

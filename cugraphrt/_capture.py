@@ -177,10 +177,14 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
     stream = _get_current_stream()
     ptr = stream.ptr
     if ptr in (0, 1):
+        # "CUDA graphs must be captured on a non-default stream." is PyTorch's wording, which
+        # code written for torch.cuda.CUDAGraph matches on.
         raise CaptureError(
-            f"cannot capture on the legacy default stream (got stream 0x{ptr:x}); make a "
-            f"non-default stream current first (with cupy.cuda.Stream(non_blocking=True): "
-            f"...), or use cugraphrt.graph(), which does it for you"
+            f"cannot capture on the legacy default stream: CUDA graphs must be captured on a "
+            f"non-default stream. (got stream 0x{ptr:x}) Make a non-default stream current "
+            f"first (with cupy.cuda.Stream(non_blocking=True): ..., or with "
+            f"torch.cuda.stream(torch.cuda.Stream()): ...), or use cugraphrt.graph() / "
+            f"cugraphrt_torch.graph(), which do it for you"
         )
     status, _ = _cuda.capture_info(ptr)
     if status != _cuda.STATUS_NONE:
@@ -217,7 +221,7 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
         _cuda.abandon_capture(ptr)  # whatever began (a capture, an invalidated one) ends here
         capture_activity.exit()
         pool._end_capture(token, succeeded=False)
-        if isinstance(exc, _cuda.CUDARuntimeError):
+        if isinstance(exc, _cuda.CUDARuntimeError) and not isinstance(exc, CugraphrtError):
             raise _cuda.error_from_status(exc.status, "cudaStreamBeginCapture") from exc
         raise
     capture = Capture(stream, capture_id, pool, mode, device_id, token)

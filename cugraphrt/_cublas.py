@@ -28,6 +28,7 @@ import threading
 import weakref
 
 from . import _capture
+from ._peer_errors import LibraryCaptureError
 from .backing import capture_activity
 from .errors import CaptureError, CugraphrtError
 
@@ -196,7 +197,7 @@ def _prepare(capture, cupy_handle: int) -> int:
     lib = _lib()
     handle = _thread_handles().get(capture.device_id)
     if handle is None:
-        raise CaptureError(
+        raise LibraryCaptureError(
             "cuBLAS was first used inside a capture (got no cuBLAS handle from before the "
             "capture began); run the matrix product once before capturing (warm-up)"
         )
@@ -271,7 +272,8 @@ def _watching_create(original):
     @functools.wraps(original)
     def create():
         if _capture.current_capture() is not None:
-            raise CaptureError(
+            # A NotImplementedError too, as CuPy's own refusal of cuBLAS in a capture is.
+            raise LibraryCaptureError(
                 "CuPy would create its cuBLAS handle during capture (got the first cuBLAS "
                 "call of this thread inside a capture); run the matrix product once before "
                 "capturing (warm-up)"

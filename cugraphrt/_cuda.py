@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 
 from cupy_backends.cuda.api import runtime
 
-from .errors import CaptureError, CugraphrtError
+from ._peer_errors import CudaCaptureError, CudaStatusError
+from .errors import CugraphrtError
 
 if TYPE_CHECKING:
     from _ctypes import CFuncPtr
@@ -92,23 +93,22 @@ def error_from_status(status: int, call: str) -> CugraphrtError:
     Returns
     -------
     CugraphrtError
-        :class:`CaptureError` for the stream-capture statuses, a plain
-        :class:`CugraphrtError` otherwise.
+        A :class:`CaptureError` for the stream-capture statuses, a plain
+        :class:`CugraphrtError` otherwise; either is also CuPy's ``CUDARuntimeError`` with
+        ``status`` set (see :mod:`cugraphrt._peer_errors`), and its message names the status
+        as CuPy's does (``cudaErrorStreamCaptureInvalidated``).
     """
     name = status_name(status)
     cause = _CAUSES.get(status)
-    error: CugraphrtError
     if cause is not None:
-        error = CaptureError(f"{call} failed during stream capture (got {name}): {cause}")
-    elif status == OUT_OF_MEMORY:
-        error = CugraphrtError(
+        return CudaCaptureError(f"{call} failed during stream capture (got {name}): {cause}",
+                                status)
+    if status == OUT_OF_MEMORY:
+        return CudaStatusError(
             f"{call} failed: the device is out of memory (got {name}); free memory held "
             f"elsewhere (cupy.get_default_memory_pool().free_all_blocks(), "
-            f"cugraphrt.empty_cache(), torch.cuda.empty_cache()) and retry")
-    else:
-        error = CugraphrtError(f"{call} failed (got {name})")
-    error.status = status  # type: ignore[attr-defined]  # read by cugraphrt._diagnose
-    return error
+            f"cugraphrt.empty_cache(), torch.cuda.empty_cache()) and retry", status)
+    return CudaStatusError(f"{call} failed (got {name})", status)
 
 
 def check(status: int, call: str) -> None:
@@ -265,10 +265,10 @@ def driver_version() -> int:
     return _driver_version
 
 
-def debug_dot_print(graph_handle: int, path: str) -> None:
-    """Write the graph as Graphviz DOT, with the most detail CUDA offers."""
+def debug_dot_print(graph_handle: int, path: str, flags: int = _DEBUG_DOT_VERBOSE) -> None:
+    """Write the graph as Graphviz DOT; by default with the most detail CUDA offers."""
     _runtime_call(runtime.graphDebugDotPrint, "cudaGraphDebugDotPrint",
-                  graph_handle, path, _DEBUG_DOT_VERBOSE)
+                  graph_handle, path, flags)
 
 
 def _runtime_call(fn, call: str, *args):

@@ -23,6 +23,7 @@ import cupy_backends
 from cupy_backends.cuda.api import driver, runtime
 
 from . import _cuda
+from ._peer_errors import CudaCaptureError, LibraryCaptureError
 from .backing import capture_activity
 from .errors import CaptureError
 
@@ -41,7 +42,8 @@ _LIBRARY_ADVICE = {
     "draws fresh numbers on every replay.",
     "cuSOLVER": "Run the solver outside the captured region and capture only the work around it.",
     "cuSPARSE": "Run the sparse operation outside the captured region.",
-    "cuFFT": "Run the transform once before capturing (warm-up) so its plan is cached.",
+    "cuFFT": "A plan created during a capture belongs to its graph; create multi-GPU plans "
+    "and plans with callbacks before capturing (run the transform once eagerly).",
 }
 _WARM_UP = ("warm up this op first: run it once before capturing, so its kernel is compiled "
             "and loaded outside the capture")
@@ -98,15 +100,15 @@ def status_error(status: int, exc: BaseException, capture=None,
     if status == _cuda.CAPTURE_INVALIDATED:
         return invalidated_error(capture, where, got)
     if status == _cuda.CAPTURE_UNSUPPORTED and is_module_load(exc):
-        return CaptureError(f"{where} loads a kernel module during capture, which CUDA refused "
-                            f"(got {got}); {_WARM_UP}")
+        return CudaCaptureError(f"{where} loads a kernel module during capture, which CUDA "
+                                f"refused (got {got}); {_WARM_UP}", status)
     error = _cuda.error_from_status(status, where)
     if isinstance(error, CaptureError):
         return error
-    return CaptureError(
+    return CudaCaptureError(
         f"{where} failed during capture (got {_cuda.status_name(status)}: {got}); a call that "
         f"works eagerly but fails while capturing cannot be recorded: run it before the "
-        f"captured region (warm-up) or after it")
+        f"captured region (warm-up) or after it", status)
 
 
 def invalidated_error(capture, where: str, got: str) -> CaptureError:
@@ -149,9 +151,9 @@ def invalidated_error(capture, where: str, got: str) -> CaptureError:
     context = f"{others} other thread(s) running, {concurrent} other capture(s) underway"
     if mode is not None:
         context = f"mode '{mode}', " + context
-    return CaptureError(
+    return CudaCaptureError(
         f"the capture was invalidated before {where} (got {got}; {context}). Likely causes: "
-        + "; or ".join(causes))
+        + "; or ".join(causes), _cuda.CAPTURE_INVALIDATED)
 
 
 def user_frame(exc: BaseException, skip_dirs: tuple[str, ...] = ()):
@@ -208,13 +210,15 @@ def _cupy_refusal(exc: BaseException) -> CaptureError | None:
     text = str(exc)
     if not any(m in text for m in _CUPY_CAPTURE_MESSAGES):
         return None
+    # CuPy refuses libraries with NotImplementedError, host syncs with RuntimeError: the
+    # CaptureError is an instance of the same built-in (see cugraphrt._peer_errors).
+    refusal = LibraryCaptureError if isinstance(exc, NotImplementedError) else CaptureError
     for library, advice in _LIBRARY_ADVICE.items():
         if library.lower() in text.lower():
-            return CaptureError(f"CuPy cannot call {library} during capture (got: {text}). "
-                                f"{advice}")
+            return refusal(f"CuPy cannot call {library} during capture (got: {text}). {advice}")
     where = where_in_user_code(exc) or "an operation"
-    return CaptureError(f"{where} ran an operation that capture forbids (got: {text}): "
-                        f"{_cuda.SYNC_HINT}")
+    return refusal(f"{where} ran an operation that capture forbids (got: {text}): "
+                   f"{_cuda.SYNC_HINT}")
 
 
 def _call_name(exc: BaseException) -> str:

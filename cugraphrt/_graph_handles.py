@@ -8,6 +8,7 @@ executable once it is destroyed, so releasing the handles kills the launchers fi
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 from . import _cuda
 from . import launcher as _launcher
@@ -20,7 +21,8 @@ __all__ = ["GraphHandles"]
 class GraphHandles:
     """The handles of one Graph; :meth:`release` frees them (also from a finalizer)."""
 
-    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned", "launchers")
+    __slots__ = ("graph", "exec", "pool", "seq", "keepalive", "owned", "launchers",
+                 "instantiate")
 
     def __init__(self) -> None:
         self.graph = 0
@@ -30,6 +32,7 @@ class GraphHandles:
         self.keepalive: list[object] = []
         self.owned = True  # False when an adapter's object (torch's CUDAGraph) frees them
         self.launchers: weakref.WeakSet[_launcher.Launcher] = weakref.WeakSet()
+        self.instantiate: Callable[[], int] | None = None  # the adapter's, if it has one
 
     def suspend_launchers(self) -> None:
         """Make every launcher raise ReplayError until it is armed again (the executable is
@@ -70,6 +73,7 @@ class GraphHandles:
         self.exec = 0
         self.graph = 0
         self.owned = True
+        self.instantiate = None
         pool, self.pool = self.pool, None
         if pool is not None:
             try:

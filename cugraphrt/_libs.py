@@ -10,9 +10,12 @@ Run by every capture before it begins (``prepare_capture``):
   solvers (``svd``, ``eig``, ``qr``, ``lstsq``, ``inv``, ...) are refused by their public
   name: several reach cuSOLVER from compiled code that no module attribute can intercept,
   and would otherwise fail inside cuSOLVER with a bare ``CUSOLVER_STATUS_INTERNAL_ERROR``.
-* cuFFT: cached plans capture fine; creating a plan inside a capture raises
-  :class:`CaptureError`, because the plan's work area would come from the graph's pool and
-  then be used by eager FFTs.
+* cuFFT: cached plans capture fine; a plan created inside a capture belongs to the graph
+  (see :mod:`cugraphrt._fft_plans`): its work area comes from the graph's pool, it is kept
+  out of CuPy's plan cache so eager FFTs never use it, and it is destroyed with the graph.
+
+Every refusal is a :class:`~cugraphrt._peer_errors.LibraryCaptureError`: a ``CaptureError``
+and, like CuPy's own refusal of these libraries, a ``NotImplementedError``.
 
 The replacements are installed once, on CuPy's modules, and do nothing outside captures but
 call the original.
@@ -27,8 +30,8 @@ import sys
 import threading
 from typing import Any, cast
 
-from . import _capture, _cublas
-from .errors import CaptureError
+from . import _capture, _cublas, _fft_plans
+from ._peer_errors import LibraryCaptureError
 
 __all__ = ["prepare_capture"]
 
@@ -134,7 +137,7 @@ def _refusing(fn, qualname: str, library: str, advice: str):
     @functools.wraps(fn)
     def guarded(*args, **kwargs):
         if _capture.current_capture() is not None:
-            raise CaptureError(
+            raise LibraryCaptureError(
                 f"{library} call {qualname} cannot be captured (got a call during a "
                 f"cugraphrt capture): {advice}"
             )
@@ -199,7 +202,7 @@ def _guard_cupy_random() -> None:
 
 
 class _PlanGuardMeta(type):
-    """Stands in for a cuFFT plan class: refuses construction during capture only.
+    """Stands in for a cuFFT plan class: a plan constructed during a capture is the graph's.
 
     ``isinstance`` and ``issubclass`` still answer for the original class, so plans made
     before the guard was installed keep working everywhere CuPy checks their type.
@@ -215,13 +218,9 @@ class _PlanGuardMeta(type):
         })
 
     def __call__(cls, *args, **kwargs):
-        if _capture.current_capture() is not None:
-            raise CaptureError(
-                f"a cuFFT plan ({cls._original.__name__}) would be created during capture "
-                f"(got an FFT whose plan is not cached yet); its work area would come from "
-                f"the graph's pool and later be used by eager FFTs. Run the same FFT once "
-                f"before capturing (warm-up) so the plan is cached"
-            )
+        capture = _capture.current_capture()
+        if capture is not None:
+            return _fft_plans.create_in_capture(cls._original, args, kwargs, capture)
         return cls._original(*args, **kwargs)
 
     def __instancecheck__(cls, obj) -> bool:

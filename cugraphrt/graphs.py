@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import warnings
 import weakref
+from collections.abc import Callable
 from typing import cast
 
 import cupy
@@ -175,8 +176,9 @@ class Graph:
         handles.graph = handle
         self._captured = True
         if _cuda.graph_node_count(handle) == 0:
+            # "The CUDA Graph is empty" is PyTorch's wording, which code and tests match on.
             warnings.warn(
-                "nothing was captured: the graph is empty (got 0 nodes). Work was probably "
+                "The CUDA Graph is empty: nothing was captured (got 0 nodes). Work was probably "
                 "issued on another stream (an explicit `with stream:` inside the captured "
                 "region, or the legacy default stream) or on another device; issue it on the "
                 "capture stream",
@@ -191,15 +193,18 @@ class Graph:
             collective_replay.arm_graph(self, capture.collectives)
         return handles.graph
 
-    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None) -> None:
+    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None,
+               instantiate: Callable[[], int] | None = None) -> None:
         """Adapter hook: the graph and executable belong to ``owner``, which frees them.
 
         Used by the PyTorch adapter, whose ``torch.cuda.CUDAGraph`` owns the handles; the
         Graph keeps ``owner`` alive until :meth:`reset`. ``replay``, if given, replaces this
-        Graph's replay (PyTorch's replay also advances its RNG offsets).
+        Graph's replay (PyTorch's replay also advances its RNG offsets). ``instantiate``
+        (re-)instantiates through the owner, returning the executable (``exec_handle`` 0).
         """
         handles = self._handles
         handles.owned = False
+        handles.instantiate = instantiate
         handles.graph, handles.exec = graph_handle, exec_handle
         handles.keepalive.append(owner)
         self._exec = exec_handle or None
@@ -357,6 +362,9 @@ class Graph:
 
     def _instantiate(self) -> None:
         handles = self._handles
+        if not handles.owned and handles.instantiate is not None:
+            self._exec = handles.exec = handles.instantiate()  # owner frees the old one
+            return
         if not handles.owned:
             raise CaptureError(
                 "this graph's executable belongs to an adapter (got a torch-captured graph); "

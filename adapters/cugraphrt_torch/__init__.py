@@ -4,6 +4,10 @@
 * :class:`graph`: capture torch work (and CuPy work on the same stream) into a
   :class:`cugraphrt.Graph`, with torch's memory from the cugraphrt pool and a graph-safe
   CUDA RNG.
+* :class:`CUDAGraph`, :func:`graph_pool_handle`, :func:`is_current_stream_capturing`:
+  ``torch.cuda``'s graph names over cugraphrt's pools; with :class:`graph` and
+  :func:`make_graphed_callables`, swapping the names is the whole migration
+  (``docs/migrating.md``).
 * :func:`graph_module`: a module's inference forward as a replayed graph, or with
   ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
 * :func:`while_loop` / :func:`cond`: loops and branches decided on the device, captured
@@ -25,11 +29,12 @@ from .autograd import make_graphed_callables
 from .bucketed import BucketedModule
 from .capture import graph
 from .control import cond, while_loop
+from .cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_capturing
 from .dlpack import from_cupy, to_cupy
 from .dynamo import CompileOptions, compile_report, format_compile_report
 from .module import GraphedModule, graph_module
 
-__all__ = ["__version__", "BucketedModule", "CompileOptions", "GraphedModule", "compile_report",
-           "cond",
-           "format_compile_report", "from_cupy", "graph", "graph_module",
+__all__ = ["__version__", "BucketedModule", "CUDAGraph", "CompileOptions", "GraphedModule",
+           "compile_report", "cond", "format_compile_report", "from_cupy", "graph",
+           "graph_module", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables", "to_cupy", "while_loop"]

@@ -6,6 +6,10 @@ status surfaced as ``RuntimeError``/``torch.AcceleratorError`` whose text names 
 ("operation not permitted when stream is capturing ... cudaErrorStreamCaptureUnsupported").
 Neither names the Python operation, so the traceback is read for the innermost line of the
 caller's code (outside torch and cugraphrt), which is the line that did it.
+
+An out-of-memory error of the cugraphrt pool during a torch capture is also torch's
+``torch.OutOfMemoryError`` (:class:`TorchPoolOutOfMemoryError`): code written for
+``torch.cuda.graph`` catches that, or ``RuntimeError``, and the core never imports torch.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ import traceback
 import torch
 
 from cugraphrt import _cuda, _diagnose
-from cugraphrt.errors import CaptureError
+from cugraphrt.errors import CaptureError, PoolOutOfMemoryError
 
-__all__ = ["capture_error", "torch_capture_status"]
+__all__ = ["capture_error", "torch_capture_status", "TorchPoolOutOfMemoryError",
+           "torch_out_of_memory"]
 
 # CUDA status names and texts as torch prints them, mapped to their numbers.
 _STATUS_NAMES = {
@@ -73,6 +78,21 @@ _PACKAGE_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
     for path in (torch.__file__, _cuda.__file__, __file__)
 )
+
+
+class TorchPoolOutOfMemoryError(PoolOutOfMemoryError, torch.OutOfMemoryError):
+    """The cugraphrt pool ran out of memory during a torch capture: a
+    :class:`~cugraphrt.PoolOutOfMemoryError` (a ``MemoryError``, with the sizes) that is
+    also ``torch.OutOfMemoryError`` (a ``RuntimeError``), as torch raises there."""
+
+
+def torch_out_of_memory(error: BaseException) -> BaseException:
+    """A pool's out-of-memory ``error`` as a :class:`TorchPoolOutOfMemoryError` (same sizes
+    and message); any other error unchanged."""
+    if not isinstance(error, PoolOutOfMemoryError) or isinstance(error, torch.OutOfMemoryError):
+        return error
+    return TorchPoolOutOfMemoryError(error.requested_bytes, error.reserved_bytes,
+                                     error.device_free_bytes, error.device_total_bytes)
 
 
 def torch_capture_status(exc: BaseException) -> int | None:

@@ -61,7 +61,9 @@ class graph:
     ----------
     cuda_graph : cugraphrt.Graph
         The graph to capture into. Its :meth:`~cugraphrt.Graph.replay` replays through
-        torch, on CuPy's current stream by default (or the ``stream`` given).
+        torch, on CuPy's current stream by default (or the ``stream`` given); a
+        :class:`cugraphrt_torch.CUDAGraph` replays on torch's current stream, as
+        ``torch.cuda.graph``'s graphs do.
     pool : cugraphrt.MemPool, optional
         Pool for the capture; a private one if omitted. One pool may serve CuPy-only and
         torch graphs alike.
@@ -171,8 +173,11 @@ class _Session:
         self.stream_ptr = int(torch_stream.cuda_stream)
         self.device = device
         self.mempool = _alloc.torch_mempool(pool)
+        # Generator states registered on a cugraphrt_torch.CUDAGraph (register_generator_state)
+        # go to each torch graph that owns one of its captures.
+        self.generator_states = tuple(getattr(cuda_graph, "_generator_states", ()))
         try:
-            self.torch_graph = _alloc.hold(torch.cuda.CUDAGraph(keep_graph=True))
+            self.torch_graph = self._new_torch_graph()
         except TypeError as exc:
             raise CugraphrtError(
                 f"cugraphrt_torch needs torch.cuda.CUDAGraph(keep_graph=True) (got torch "
@@ -182,10 +187,24 @@ class _Session:
         self.failed: Capture | None = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
 
+    def _new_torch_graph(self):
+        import torch
+
+        torch_graph = _alloc.hold(torch.cuda.CUDAGraph(keep_graph=True))
+        for state in self.generator_states:
+            torch_graph.register_generator_state(state)
+        return torch_graph
+
     @classmethod
     def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _Session:
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
-        capture = cuda_graph._begin(session.pool, mode, start=session._start)
+        try:
+            capture = cuda_graph._begin(session.pool, mode, start=session._start)
+        except BaseException:
+            # Refused before torch began (the default stream, a pool of another device): the
+            # torch pool taken for this capture has one user fewer.
+            _alloc.release(session.pool, session.mempool)
+            raise
         session.capture = capture
         _alloc.sweep_when_safe()  # at this capture's end: torch objects freed meanwhile
         _alloc.register(capture)
@@ -210,11 +229,9 @@ class _Session:
                 ) from exc
         # An earlier capture into this pool failed in a way torch could not clean up: its
         # pool id is still marked as recording. Start over with a fresh torch pool.
-        import torch
-
         self._strand()
         self.mempool = _alloc.torch_mempool(self.pool)
-        self.torch_graph = _alloc.hold(torch.cuda.CUDAGraph(keep_graph=True))
+        self.torch_graph = self._new_torch_graph()
         self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
 
     def _finish(self, capture) -> int:
@@ -236,7 +253,11 @@ class _Session:
         return int(self.torch_graph.raw_cuda_graph())
 
     def end(self):
-        """End the capture, instantiate through torch and hand the graph to the Graph."""
+        """End the capture, instantiate through torch and hand the graph to the Graph.
+
+        With ``keep_graph=True`` the instantiation waits, as in the core and in torch, for
+        :meth:`Graph.instantiate` or the first use of the executable.
+        """
         cuda_graph = self.cuda_graph
         try:
             raw_graph = cuda_graph._end(finish=self._finish, instantiate=False)
@@ -246,15 +267,15 @@ class _Session:
             raise
         replay = _Replay(self.torch_graph.replay, cuda_graph._handles, self.device)
         owner = _Owner(self.torch_graph, self.pool, self.mempool, replay)
+        instantiate = _Instantiate(self.torch_graph)
         try:
-            self.torch_graph.instantiate()
-            exec_handle = int(self.torch_graph.raw_cuda_graph_exec())
+            exec_handle = 0 if cuda_graph._keep_graph else instantiate()
         except Exception as exc:
             cuda_graph._adopt(owner, raw_graph, 0)  # torch owns the handles: let it free them
             cuda_graph.reset()
             raise CaptureError(f"torch could not instantiate the captured graph (got: {exc}); "
                                f"see the chained exception") from exc
-        cuda_graph._adopt(owner, raw_graph, exec_handle, replay=replay)
+        cuda_graph._adopt(owner, raw_graph, exec_handle, replay=replay, instantiate=instantiate)
         log = self.capture.collectives if self.capture is not None else None
         if log is not None:  # checked across ranks before its first replay, and so on
             _collective_mode.arm(cuda_graph, log, replay, self.torch_graph, self.device)
@@ -273,9 +294,10 @@ class _Session:
         self.unwind(destroy=not capture.keep_graph_on_abort)
 
     def error_for(self, exc: BaseException) -> BaseException | None:
-        """What the caller sees for ``exc``: a pool error behind a torch OOM, or a CaptureError."""
+        """What the caller sees for ``exc``: a pool error behind a torch OOM (also a
+        ``torch.OutOfMemoryError``), or a CaptureError."""
         if self.pool_error is not None:
-            return self.pool_error
+            return _errors.torch_out_of_memory(self.pool_error)
         return _errors.capture_error(exc, capture=self.failed)
 
     def unwind(self, destroy: bool = True) -> None:
@@ -349,6 +371,20 @@ class _Owner:
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
         self.pool = None
+
+
+class _Instantiate:
+    """(Re-)instantiate through torch, which destroys the executable it replaces; returns the
+    new ``cudaGraphExec_t``. The Graph drops it when it lets go of the torch graph (reset)."""
+
+    __slots__ = ("_torch_graph",)
+
+    def __init__(self, torch_graph) -> None:
+        self._torch_graph = torch_graph
+
+    def __call__(self) -> int:
+        self._torch_graph.instantiate()
+        return int(self._torch_graph.raw_cuda_graph_exec())
 
 
 def _replay_after_reset() -> None:

@@ -101,17 +101,19 @@ def test_other_cublas_routines_are_refused_by_name(randn):
 
     x, y = randn((64,)), randn((64,))
     cupy.cublas.axpy(2.0, x, y)  # warm-up: handle exists, module loaded
-    with pytest.raises(CaptureError, match=r"cuBLAS call cublas\.saxpy"):
+    with pytest.raises(CaptureError, match=r"cuBLAS call cublas\.saxpy") as info:
         with graph(Graph()):
             cupy.cublas.axpy(2.0, x, y)
+    assert isinstance(info.value, NotImplementedError)  # as CuPy's refusal is
 
 
 def test_cupy_random_in_capture_names_the_replacement(randn):
     cupy.random.rand(4)  # warm-up: the legacy generator exists
     w = randn((4,))
-    with pytest.raises(CaptureError, match="cugraphrt.random"):
+    with pytest.raises(NotImplementedError, match="cugraphrt.random") as info:
         with graph(Graph()):
             cupy.random.rand(16)
+    assert isinstance(info.value, CaptureError)
     with pytest.raises(CaptureError, match="cugraphrt.random"):
         with graph(Graph()):
             cupy.random.RandomState(1)
@@ -140,14 +142,66 @@ def test_fft_captures_after_warm_up(randn):
     cupy.testing.assert_allclose(y, cupy.fft.fft(fresh) * 2, rtol=1e-4, atol=1e-3)
 
 
-def test_fft_plan_creation_during_capture_is_refused(randn):
-    x = randn((4096,), np.complex64)
-    cupy.fft.fft(x)
-    odd = randn((3001,), np.complex64)  # no plan cached for this size
-    with pytest.raises(CaptureError, match="cuFFT plan"):
+def _cached_keys():
+    from cupy.fft.config import get_plan_cache
+
+    return {key for key, _ in get_plan_cache()}
+
+
+def test_fft_plan_created_in_a_capture_belongs_to_the_graph(randn):
+    from cupy.fft.config import get_plan_cache
+
+    x = randn((3001,), np.complex64)  # no plan is cached for this size
+    before = _cached_keys()
+    g = Graph()
+    with graph(g):  # 'global' mode: the plan is made with the thread's mode relaxed
+        y = cupy.fft.ifft(cupy.fft.fft(x) * 2)  # both transforms share the new plan
+    assert _cached_keys() == before  # kept out of CuPy's cache: eager FFTs never use it
+    for _ in range(2):
+        fresh = randn((3001,), np.complex64)
+        x[...] = fresh
+        g.replay()
+        expected = np.fft.ifft(np.fft.fft(cupy.asnumpy(fresh).astype(np.complex128)) * 2)
+        cupy.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+        eager = cupy.fft.fft(fresh)  # plans (and caches) a plan of its own
+        cupy.testing.assert_allclose(eager, np.fft.fft(cupy.asnumpy(fresh)), rtol=1e-3,
+                                     atol=1e-3)
+    assert len(_cached_keys() - before) == 1
+    get_plan_cache().clear()  # destroys every cached plan: the graph's is not among them
+    fresh = randn((3001,), np.complex64)
+    x[...] = fresh
+    g.replay()
+    expected = np.fft.ifft(np.fft.fft(cupy.asnumpy(fresh).astype(np.complex128)) * 2)
+    cupy.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_fft_plan_of_a_failed_capture_is_dropped(randn):
+    x = randn((2999,), np.complex64)
+    before = _cached_keys()
+    with pytest.raises(CaptureError):
         with graph(Graph()):
-            cupy.fft.fft(odd)
-    cupy.fft.fft(odd)  # eager FFTs still plan as usual
+            cupy.fft.fft(x)
+            x.sum().get()  # a host sync: the capture fails after the plan was made
+    assert _cached_keys() == before
+    cupy.testing.assert_allclose(cupy.fft.fft(x), np.fft.fft(cupy.asnumpy(x)), rtol=1e-3,
+                                 atol=1e-3)
+
+
+def test_fft_plan_created_in_a_branch_body(randn):
+    x = randn((2997,), np.complex64)
+    out = cupy.zeros_like(x)
+    flag = cupy.ones((), dtype=cupy.bool_)
+    g = Graph()
+    with graph(g):
+        cugraphrt.cond(flag, lambda: out.__setitem__(Ellipsis, cupy.fft.fft(x)))
+    for value in (True, False, True):
+        fresh = randn((2997,), np.complex64)
+        x[...] = fresh
+        out[...] = 0
+        flag[...] = value
+        g.replay()
+        expected = np.fft.fft(cupy.asnumpy(fresh)) if value else np.zeros(2997)
+        cupy.testing.assert_allclose(out, expected, rtol=1e-3, atol=1e-3)
 
 
 def test_reductions_capture(randn):
@@ -210,9 +264,11 @@ def test_every_solver_is_a_capture_error_naming_the_call(name, warm, randn):
     call = LINALG_CALLS[name]
     if warm:
         call(a, spd, v)  # handles, workspaces and modules exist: still not capturable
-    with pytest.raises(CaptureError, match=rf"call cupy\.linalg\.{name} cannot be captured"):
+    with pytest.raises(CaptureError, match=rf"call cupy\.linalg\.{name} cannot be captured") \
+            as info:
         with graph(Graph()):
             call(a, spd, v)
+    assert isinstance(info.value, NotImplementedError)
     with graph(g := Graph()):  # nothing was left broken
         w = a * 2
     g.replay()

@@ -27,7 +27,9 @@ def test_public_names():
                                             "GraphedModule", "BucketedModule",
                                             "make_graphed_callables", "CompileOptions",
                                             "compile_report", "format_compile_report",
-                                            "__version__", "while_loop", "cond"}
+                                            "__version__", "while_loop", "cond",
+                                            "CUDAGraph", "graph_pool_handle",
+                                            "is_current_stream_capturing"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

@@ -20,7 +20,8 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 _COMPILE = pytest.mark.long
 
 
-@pytest.mark.parametrize("name", ["torch_inference.py", "train_partial_capture.py",
+@pytest.mark.parametrize("name", ["torch_inference.py", "migrate_by_name.py",
+                                  "train_partial_capture.py",
                                   "train_whole_step.py", "serving_buckets.py",
                                   pytest.param("compile_backend.py", marks=_COMPILE),
                                   pytest.param("compile_buckets.py", marks=_COMPILE)])

@@ -104,7 +104,8 @@ def test_capture_statuses_become_capture_errors_with_causes(status, phrase):
 
 def test_other_statuses_stay_generic():
     error = _cuda.error_from_status(2, "cudaMalloc")
-    assert type(error) is CugraphrtError and "cudaMalloc" in str(error)
+    assert isinstance(error, CugraphrtError) and not isinstance(error, CaptureError)
+    assert "cudaMalloc" in str(error)
 
 
 class FakeCudaError(RuntimeError):

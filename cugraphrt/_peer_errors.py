@@ -1,0 +1,65 @@
+"""Errors that are also the peer's: what cugraphrt raises is also what CuPy raises there.
+
+Code written for CuPy's graphs catches ``cupy.cuda.runtime.CUDARuntimeError`` around a
+capture (a synchronization or another call CUDA forbids while capturing, an invalidated
+capture, a fork never joined back) and reads its ``status``; it catches
+``NotImplementedError`` around the library calls CuPy refuses during one (cuSOLVER, cuSPARSE,
+the legacy cuRAND API). So that such code keeps working after moving to cugraphrt, the
+error a CUDA status becomes is a :class:`~cugraphrt.CaptureError` (or
+:class:`~cugraphrt.CugraphrtError`) *and* a ``CUDARuntimeError`` carrying that status, and a
+refused library call is a ``CaptureError`` *and* a ``NotImplementedError``: either
+``except`` clause catches it, and the message still names the cause and the fix.
+
+Only the error path makes these: :func:`cugraphrt._cuda.error_from_status`, the diagnoses of
+:mod:`cugraphrt._diagnose` and the library guards of :mod:`cugraphrt._libs`. The PyTorch
+adapter adds its own peer (``torch.OutOfMemoryError``) in ``cugraphrt_torch._errors``: the
+core never imports torch.
+"""
+
+from __future__ import annotations
+
+from cupy_backends.cuda.api import runtime
+
+from .errors import CaptureError, CugraphrtError
+
+__all__ = ["CudaCaptureError", "CudaStatusError", "LibraryCaptureError"]
+
+
+class CudaCaptureError(CaptureError, runtime.CUDARuntimeError):
+    """A CUDA status caused by a capture: a :class:`CaptureError` and CuPy's
+    ``CUDARuntimeError``, with ``status`` set as CuPy sets it.
+
+    Parameters
+    ----------
+    message : str
+        The explanation (it names the status, as ``cudaErrorStreamCaptureInvalidated (901)``,
+        so that code matching CuPy's message on the status name still matches).
+    status : int
+        The ``cudaError_t`` value.
+    """
+
+    def __init__(self, message: str, status: int) -> None:
+        # Not CUDARuntimeError.__init__: it would replace the explanation by CUDA's one line.
+        RuntimeError.__init__(self, message)
+        self.status = status
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.status))
+
+
+class CudaStatusError(CugraphrtError, runtime.CUDARuntimeError):
+    """A CUDA status that is not about a capture: a :class:`CugraphrtError` and CuPy's
+    ``CUDARuntimeError`` with ``status`` set. Parameters as :class:`CudaCaptureError`."""
+
+    def __init__(self, message: str, status: int) -> None:
+        RuntimeError.__init__(self, message)
+        self.status = status
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.status))
+
+
+class LibraryCaptureError(CaptureError, NotImplementedError):
+    """A CUDA library call that a capture cannot record (cuSOLVER, cuSPARSE, the legacy
+    cuRAND API, a cuBLAS routine beyond the GEMM family): a :class:`CaptureError` and, like
+    CuPy's refusal, a ``NotImplementedError``."""
