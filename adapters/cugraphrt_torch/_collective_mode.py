@@ -34,7 +34,7 @@ from cugraphrt.crossrank import exchange_over_store
 
 from . import _torch
 
-__all__ = ["recording", "arm", "describe_op", "TorchExchanger"]
+__all__ = ["prepare", "recording", "arm", "describe_op", "TorchExchanger"]
 
 _Tensor = torch.Tensor
 _TENSOR_DISPATCH = torch.Tensor.__torch_dispatch__
@@ -159,6 +159,25 @@ def enabled() -> bool:
         return False
     dist = torch.distributed
     return bool(dist.is_available() and dist.is_initialized())
+
+
+_prepared = False
+
+
+def prepare() -> None:
+    """Load what the recorder's first use loads, before a capture begins.
+
+    A dispatch mode's first activation and first dispatched operation import parts of
+    torch (``torch._dynamo`` among them: seconds in a cold process, enough to trip a 3 s
+    capture watchdog on an H100 host) that would otherwise load inside the capture, where
+    the capture's collective watchdog counts them and where nothing slow belongs.
+    """
+    global _prepared
+    if _prepared or not enabled():
+        return
+    with _Recorder(None):
+        torch.zeros(1).add_(1)  # one CPU operation through the mode: nothing is recorded
+    _prepared = True
 
 
 @contextlib.contextmanager

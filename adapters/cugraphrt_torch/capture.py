@@ -104,7 +104,6 @@ class graph:
         self._replay: _Replay | None = None
         self._session: _Session | None = None
         self._contexts: contextlib.ExitStack | None = None
-        self._recorder: contextlib.AbstractContextManager | None = None
 
     def __enter__(self) -> graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
@@ -127,26 +126,12 @@ class graph:
             contexts.close()
             raise
         self._contexts = contexts
-        # Collectives issued during the capture are recorded (a dispatch mode, only with
-        # torch.distributed initialized): see _collective_mode.
-        recorder = _collective_mode.recording(self._session.capture)
-        try:
-            recorder.__enter__()
-        except BaseException as exc:
-            session, self._session, self._contexts = self._session, None, None
-            session.abort(exc)
-            contexts.close()
-            raise
-        self._recorder = recorder
         return self
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         # Both are set by a successful __enter__.
         session, self._session = cast("_Session", self._session), None
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
-        recorder, self._recorder = self._recorder, None
-        if recorder is not None:
-            recorder.__exit__(None, None, None)
         try:
             if exc is None:
                 self.torch_graph = session.end()
@@ -186,6 +171,7 @@ class _Session:
         self.capture: Capture | None = None
         self.failed: Capture | None = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
+        self.recorder: contextlib.AbstractContextManager[None] | None = None
 
     def _new_torch_graph(self):
         import torch
@@ -197,6 +183,7 @@ class _Session:
 
     @classmethod
     def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _Session:
+        _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
         try:
             capture = cuda_graph._begin(session.pool, mode, start=session._start)
@@ -210,7 +197,22 @@ class _Session:
         _alloc.register(capture)
         capture.finish_hooks.append(_alloc.unregister)
         capture.abort_hooks.append(session._on_abort)
+        # Collectives issued during the capture are recorded (a dispatch mode, only with
+        # torch.distributed initialized), by every entry point: graph(), CUDAGraph,
+        # make_graphed_callables. See _collective_mode.
+        recorder = _collective_mode.recording(capture)
+        try:
+            recorder.__enter__()
+        except BaseException as exc:
+            session.abort(exc)
+            raise
+        session.recorder = recorder
         return session
+
+    def _stop_recording(self) -> None:
+        recorder, self.recorder = self.recorder, None
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
 
     def _start(self, stream, mode: str) -> None:
         """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
@@ -258,6 +260,7 @@ class _Session:
         With ``keep_graph=True`` the instantiation waits, as in the core and in torch, for
         :meth:`Graph.instantiate` or the first use of the executable.
         """
+        self._stop_recording()
         cuda_graph = self.cuda_graph
         try:
             raw_graph = cuda_graph._end(finish=self._finish, instantiate=False)
@@ -284,6 +287,7 @@ class _Session:
         return self.torch_graph
 
     def abort(self, exc: BaseException) -> None:
+        self._stop_recording()
         self.failed = self.capture  # its mode and stream explain the error (error_for)
         self.cuda_graph._abort_capture(exc)  # runs _on_abort first, then rolls back
         self.capture = None
