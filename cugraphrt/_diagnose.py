@@ -23,11 +23,12 @@ import cupy_backends
 from cupy_backends.cuda.api import driver, runtime
 
 from . import _cuda
-from ._peer_errors import CudaCaptureError, LibraryCaptureError
+from ._peer_errors import CudaCaptureError, LibraryCaptureError, also_library_error
 from .backing import capture_activity
 from .errors import CaptureError
 
-__all__ = ["capture_error_from", "invalidated_error", "user_frame", "where_in_user_code"]
+__all__ = ["capture_error_from", "invalidated_error", "user_frame", "where_called_from",
+           "where_in_user_code"]
 
 # Errors that CuPy raises itself, before calling CUDA, when a capture is underway.
 _CUPY_CAPTURE_MESSAGES = ("stream is capturing", "during stream capture", "capture sequence")
@@ -80,10 +81,10 @@ def capture_error_from(exc: BaseException, capture=None) -> CaptureError | None:
         return exc
     library = _library_of(exc)
     if library is not None:
-        return CaptureError(
+        return also_library_error(exc, (
             f"{where_in_user_code(exc) or 'a ' + library + ' call'} failed during capture "
             f"with a {library} error (got {type(exc).__name__}: {exc}); {library} cannot be "
-            f"recorded by CUDA graphs. {_LIBRARY_ADVICE[library]}")
+            f"recorded by CUDA graphs. {_LIBRARY_ADVICE[library]}"))
     if isinstance(status, int) and (status in _cuda.CAPTURE_STATUSES
                                     or isinstance(exc, _CUDA_ERRORS)):
         return status_error(status, exc, capture)
@@ -157,13 +158,25 @@ def invalidated_error(capture, where: str, got: str) -> CaptureError:
 
 
 def user_frame(exc: BaseException, skip_dirs: tuple[str, ...] = ()):
-    """The innermost traceback frame of ``exc`` in the caller's code, or None.
-
-    Frames of compiled extensions (CuPy's Cython, with relative ``.pyx`` names and no
-    source) and frames of the skipped packages are the machinery, not the caller's line.
-    """
+    """The innermost traceback frame of ``exc`` in the caller's code, or None."""
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    skip = _PACKAGE_DIRS + tuple(skip_dirs)
+    return _innermost_user_frame(frames, _PACKAGE_DIRS + tuple(skip_dirs))
+
+
+def where_in_user_code(exc: BaseException, skip_dirs: tuple[str, ...] = ()) -> str | None:
+    """``"`line` (file.py:12)"`` for the caller's line that raised ``exc``, or None."""
+    return _describe(user_frame(exc, skip_dirs))
+
+
+def where_called_from() -> str | None:
+    """``"`line` (file.py:12)"`` for the innermost line on the current stack that is the
+    caller's (not cugraphrt's or CuPy's), or None."""
+    return _describe(_innermost_user_frame(traceback.extract_stack()[:-1], _PACKAGE_DIRS))
+
+
+def _innermost_user_frame(frames, skip: tuple[str, ...]):
+    # Frames of compiled extensions (CuPy's Cython, with relative ``.pyx`` names and no
+    # source) and frames of the skipped packages are the machinery, not the caller's line.
     for frame in reversed(frames):
         if frame.filename.endswith((".pyx", ".pxd", ".pxi")) or not (frame.line or "").strip():
             continue
@@ -172,9 +185,7 @@ def user_frame(exc: BaseException, skip_dirs: tuple[str, ...] = ()):
     return None
 
 
-def where_in_user_code(exc: BaseException, skip_dirs: tuple[str, ...] = ()) -> str | None:
-    """``"`line` (file.py:12)"`` for the caller's line that raised ``exc``, or None."""
-    frame = user_frame(exc, skip_dirs)
+def _describe(frame) -> str | None:
     if frame is None:
         return None
     return f"`{frame.line.strip()}` ({os.path.basename(frame.filename)}:{frame.lineno})"

@@ -26,9 +26,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
-from . import _cuda
+from . import _cuda, _diagnose
 from ._capture import Capture
-from ._peer_errors import LibraryCaptureError
+from ._peer_errors import LibraryCaptureError, also_library_error
 from .backing import capture_activity
 
 __all__ = ["create_in_capture"]
@@ -81,9 +81,28 @@ def create_in_capture(plan_class: type, args: tuple, kwargs: dict, capture: Capt
             owned.caches.append(cache)
         owned.held.extend(node.plan for _, node in cache)
     with _cuda.relaxed_capture_mode():
-        plan = plan_class(*args, **kwargs)
+        try:
+            plan = plan_class(*args, **kwargs)
+        except Exception as exc:
+            if type(exc).__name__ != "CuFFTError":
+                raise
+            raise also_library_error(exc, _plan_failed(plan_class, args, exc)) from exc
     owned.plans.append(plan)
     return plan
+
+
+def _plan_failed(plan_class: type, args: tuple, exc: BaseException) -> str:
+    # Measured (H100, CUDA 13, CuPy 14.2): plans for lengths with a large prime factor
+    # (1999, 3001, 4099, 12289) fail with CUFFT_INTERNAL_ERROR while any capture is underway,
+    # in every capture mode and even from a thread that is not capturing; CuPy's own
+    # begin_capture() fails the same way. Lengths such as 100, 1024, 2997 or 3000 work.
+    shape = args[0] if args else "?"
+    where = _diagnose.where_called_from() or "an FFT"
+    return (f"{where} needs a new cuFFT plan ({plan_class.__name__}, shape {shape}), which "
+            f"cuFFT could not create while a capture is underway (got {type(exc).__name__}: "
+            f"{exc}); cuFFT fails so for some lengths, those with a large prime factor among "
+            f"them, in CuPy's own captures too. Run the same FFT once before capturing "
+            f"(warm-up), so that its plan is cached and the capture only records it")
 
 
 def _current_cache():

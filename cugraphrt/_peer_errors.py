@@ -22,7 +22,7 @@ from cupy_backends.cuda.api import runtime
 
 from .errors import CaptureError, CugraphrtError
 
-__all__ = ["CudaCaptureError", "CudaStatusError", "LibraryCaptureError"]
+__all__ = ["CudaCaptureError", "CudaStatusError", "LibraryCaptureError", "also_library_error"]
 
 
 class CudaCaptureError(CaptureError, runtime.CUDARuntimeError):
@@ -63,3 +63,44 @@ class LibraryCaptureError(CaptureError, NotImplementedError):
     """A CUDA library call that a capture cannot record (cuSOLVER, cuSPARSE, the legacy
     cuRAND API, a cuBLAS routine beyond the GEMM family): a :class:`CaptureError` and, like
     CuPy's refusal, a ``NotImplementedError``."""
+
+
+# One CaptureError subclass per CuPy library error class, made on first use.
+_ALSO_LIBRARY: dict[type, type | None] = {}
+
+
+def also_library_error(exc: BaseException, message: str) -> CaptureError:
+    """A :class:`CaptureError` that is also ``exc``'s own class, with its attributes.
+
+    CuPy's CUDA library errors (``CuFFTError``, ``CUBLASError``, ``CUSOLVERError`` ...) are
+    plain ``RuntimeError`` subclasses carrying the library's status (``result`` or
+    ``status``); code written for CuPy catches them by class. The error returned is an
+    instance of both, with ``message`` as its text and the status attributes copied.
+    """
+    return _rebuild_also(type(exc), message, dict(getattr(exc, "__dict__", {})))
+
+
+def _class_also(peer: type) -> type | None:
+    if peer not in _ALSO_LIBRARY:
+        try:
+            _ALSO_LIBRARY[peer] = type(f"{peer.__name__}CaptureError", (CaptureError, peer),
+                                       {"__module__": __name__, "__reduce__": _reduce_also,
+                                        "peer": peer})
+        except TypeError:  # a layout that cannot be combined: the CaptureError alone
+            _ALSO_LIBRARY[peer] = None
+    return _ALSO_LIBRARY[peer]
+
+
+def _rebuild_also(peer: type, message: str, state: dict) -> CaptureError:
+    cls = _class_also(peer)
+    if cls is None:
+        return CaptureError(message)
+    error: CaptureError = BaseException.__new__(cls)
+    # Not the peer's __init__: it would replace the explanation by the status name.
+    Exception.__init__(error, message)
+    error.__dict__.update(state)
+    return error
+
+
+def _reduce_also(self):
+    return (_rebuild_also, (self.peer, str(self), dict(self.__dict__)))

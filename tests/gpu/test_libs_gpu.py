@@ -151,14 +151,14 @@ def _cached_keys():
 def test_fft_plan_created_in_a_capture_belongs_to_the_graph(randn):
     from cupy.fft.config import get_plan_cache
 
-    x = randn((3001,), np.complex64)  # no plan is cached for this size
+    x = randn((3000,), np.complex64)  # no plan is cached for this size
     before = _cached_keys()
     g = Graph()
     with graph(g):  # 'global' mode: the plan is made with the thread's mode relaxed
         y = cupy.fft.ifft(cupy.fft.fft(x) * 2)  # both transforms share the new plan
     assert _cached_keys() == before  # kept out of CuPy's cache: eager FFTs never use it
     for _ in range(2):
-        fresh = randn((3001,), np.complex64)
+        fresh = randn((3000,), np.complex64)
         x[...] = fresh
         g.replay()
         expected = np.fft.ifft(np.fft.fft(cupy.asnumpy(fresh).astype(np.complex128)) * 2)
@@ -168,7 +168,7 @@ def test_fft_plan_created_in_a_capture_belongs_to_the_graph(randn):
                                      atol=1e-3)
     assert len(_cached_keys() - before) == 1
     get_plan_cache().clear()  # destroys every cached plan: the graph's is not among them
-    fresh = randn((3001,), np.complex64)
+    fresh = randn((3000,), np.complex64)
     x[...] = fresh
     g.replay()
     expected = np.fft.ifft(np.fft.fft(cupy.asnumpy(fresh).astype(np.complex128)) * 2)
@@ -176,7 +176,7 @@ def test_fft_plan_created_in_a_capture_belongs_to_the_graph(randn):
 
 
 def test_fft_plan_of_a_failed_capture_is_dropped(randn):
-    x = randn((2999,), np.complex64)
+    x = randn((2940,), np.complex64)
     before = _cached_keys()
     with pytest.raises(CaptureError):
         with graph(Graph()):
@@ -185,6 +185,33 @@ def test_fft_plan_of_a_failed_capture_is_dropped(randn):
     assert _cached_keys() == before
     cupy.testing.assert_allclose(cupy.fft.fft(x), np.fft.fft(cupy.asnumpy(x)), rtol=1e-3,
                                  atol=1e-3)
+
+
+def test_fft_plan_cufft_cannot_make_in_a_capture_is_a_capture_error_and_cuffts(randn):
+    # cuFFT cannot create plans for lengths with a large prime factor while a capture is
+    # underway (CuPy's own capture fails the same way): the error is cugraphrt's, also
+    # CuPy's CuFFTError, and names the warm-up; after a warm-up the same FFT captures.
+    from cupy.cuda.cufft import CuFFTError
+
+    x = randn((3001,), np.complex64)
+    before = _cached_keys()
+    pool = cugraphrt.MemPool()
+    with pytest.raises(CaptureError) as caught:
+        with graph(Graph(), pool=pool):
+            cupy.fft.fft(x)
+    error = caught.value
+    assert isinstance(error, CuFFTError) and error.result == caught.value.__cause__.result
+    assert "shape 3001" in str(error) and "warm-up" in str(error)
+    assert "cupy.fft.fft(x)" in str(error)  # the caller's line
+    assert _cached_keys() == before and pool.stats().active_bytes == 0
+    cupy.fft.fft(x)  # warm-up: the plan is cached
+    g = Graph()
+    with graph(g):
+        y = cupy.fft.fft(x)
+    fresh = randn((3001,), np.complex64)
+    x[...] = fresh
+    g.replay()
+    cupy.testing.assert_allclose(y, np.fft.fft(cupy.asnumpy(fresh)), rtol=1e-3, atol=1e-3)
 
 
 def test_fft_plan_created_in_a_branch_body(randn):

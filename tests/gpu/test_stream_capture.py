@@ -226,7 +226,7 @@ def test_first_cublas_use_in_a_capture_is_refused_like_cupy(randn):
 def test_matmul_and_new_fft_plans_are_captured(randn):
     # Deliberate differences from CuPy, which refuses both inside begin_capture().
     a, b = randn((64, 48), np.float32), randn((48, 32), np.float32)
-    x = randn((1999,), np.complex64)  # no FFT plan cached for this size
+    x = randn((1998,), np.complex64)  # no FFT plan cached for this size
     a @ b  # warm-up: the cuBLAS handle exists
     s = cugraphrt.Stream(non_blocking=True)
     with s:
@@ -235,7 +235,7 @@ def test_matmul_and_new_fft_plans_are_captured(randn):
         spectrum = cupy.fft.fft(x)
         g = s.end_capture()
     fa, fb, fx = randn((64, 48), np.float32), randn((48, 32), np.float32), \
-        randn((1999,), np.complex64)
+        randn((1998,), np.complex64)
     a[...], b[...], x[...] = fa, fb, fx
     g.launch(s)
     s.synchronize()

@@ -4,6 +4,7 @@ between two real processes, and the release of graphs when a process group shuts
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -145,7 +146,8 @@ def test_two_processes_compare_over_torchs_store_and_both_raise():
     procs = []
     for rank in (0, 1):
         env = {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "PYTHONPATH": f"{ROOT}:{ROOT / 'adapters'}",
+               "MASTER_PORT": str(port), "PYTHONPATH": os.pathsep.join(
+                   [str(ROOT), str(ROOT / "adapters"), os.environ.get("PYTHONPATH", "")]),
                "PATH": "/usr/bin:/bin"}
         procs.append(subprocess.Popen([sys.executable, "-c", textwrap.dedent(_TWO_RANKS)],
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

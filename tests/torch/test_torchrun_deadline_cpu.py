@@ -54,7 +54,9 @@ def test_a_hung_launch_fails_with_every_ranks_stacks(script):
 
 
 def test_a_healthy_launch_passes_without_stacks(script):
-    env = launcher.environment({"PATH": os.environ["PATH"], "NCCL_BLOCKING_WAIT": "1"},
+    # PYTHONPATH kept: where the project's dependencies come from it (the GPU kit's wheels).
+    env = launcher.environment({"PATH": os.environ["PATH"], "NCCL_BLOCKING_WAIT": "1",
+                                "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
                                paths=[str(ROOT)])
     assert "NCCL_BLOCKING_WAIT" not in env and env["TORCH_SYMM_MEM_DISABLE_MULTICAST"] == "1"
     launch = launcher.torchrun(script, ["pass"], nproc=2, deadline_s=120, env=env)

@@ -57,8 +57,10 @@ def setup(monkeypatch):
     @contextlib.contextmanager
     def relaxed_mode():
         relaxed.append("enter")
-        yield
-        relaxed.append("exit")
+        try:
+            yield
+        finally:
+            relaxed.append("exit")
 
     monkeypatch.setattr(_fft_plans, "_current_cache", lambda: cache)
     monkeypatch.setattr(_cuda, "relaxed_capture_mode", relaxed_mode)
@@ -136,6 +138,28 @@ def test_release_waits_for_other_captures_to_end(setup):
 def test_multi_gpu_plans_are_refused_as_not_implemented(setup):
     with pytest.raises(NotImplementedError, match=r"multi-GPU cuFFT plan.*devices=\[0, 1\]"):
         _fft_plans.create_in_capture(FakePlan, (8,), {"devices": [0, 1]}, FakeCapture())
+
+
+class CuFFTError(RuntimeError):  # CuPy's class, by name and by its ``result``
+    def __init__(self, result):
+        super().__init__(f"CUFFT status {result}")
+        self.result = result
+
+
+class FailingPlan:
+    def __init__(self, *args, devices=None):
+        raise CuFFTError(5)
+
+
+def test_a_plan_cufft_cannot_make_in_a_capture_is_also_a_cufft_error(setup):
+    _, relaxed = setup
+    with pytest.raises(CaptureError) as caught:
+        _fft_plans.create_in_capture(FailingPlan, (3001, 0x29, 1), {}, FakeCapture())
+    error = caught.value
+    assert isinstance(error, CuFFTError) and error.result == 5
+    assert "shape 3001" in str(error) and "warm-up" in str(error)
+    assert "_fft_plans.create_in_capture(FailingPlan" in str(error)  # the caller's line
+    assert relaxed == ["enter", "exit"]  # the thread's capture mode restored
 
 
 def test_forget_survives_a_cache_cleared_meanwhile():

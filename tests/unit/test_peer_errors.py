@@ -83,6 +83,33 @@ def test_cupys_library_refusals_become_not_implemented_capture_errors(library):
     assert library in str(error)
 
 
+class CuFFTError(RuntimeError):  # CuPy's classes, as they are (the library modules need
+    def __init__(self, result):  # the CUDA libraries to import, which CPU machines lack)
+        super().__init__(f"CUFFT status {result}")
+        self.result = result
+
+
+class CUBLASError(RuntimeError):
+    def __init__(self, status):
+        super().__init__(f"CUBLAS status {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize("peer, attr", [(CuFFTError, "result"), (CUBLASError, "status")])
+def test_library_errors_in_a_capture_are_also_the_librarys_own_class(peer, attr):
+    cause = peer(5)  # the library's status 5 (an internal error)
+    error = _diagnose.capture_error_from(cause)
+    assert isinstance(error, CaptureError) and isinstance(error, peer)
+    assert getattr(error, attr) == 5 and "cannot be recorded by CUDA graphs" in str(error)
+    again = pickle.loads(pickle.dumps(error))
+    assert type(again) is type(error) and str(again) == str(error)
+    assert getattr(again, attr) == 5
+    try:
+        raise error
+    except peer as caught:  # code written for CuPy catches it by CuPy's class
+        assert caught is error
+
+
 def test_cupys_sync_refusal_stays_a_runtime_error_not_a_library_one():
     refusal = RuntimeError("the current stream is capturing, so synchronous API calls are "
                            "disallowed")
