@@ -32,20 +32,24 @@ _get_device = _cuda.get_device
 # The replay path reads module globals, one lookup each: whether the pool-order checks are on,
 # and whether this process sees several devices (only then can another device be current
 # when a graph replays).
+# ``_plain`` is the one flag the common case reads: neither of them.
 _pool_checks = _pool_module.pool_checks_enabled()
 _multi_device = False
+_plain = not _pool_checks
 
 
 def _set_checks_enabled(enabled: bool) -> None:
-    global _pool_checks
+    global _pool_checks, _plain
     _pool_checks = enabled
+    _plain = not (_pool_checks or _multi_device)
 
 
 def _note_devices() -> None:
     """After a capture: note whether this process sees several devices."""
-    global _multi_device
+    global _multi_device, _plain
     if not _multi_device and _cuda.device_count() > 1:
         _multi_device = True
+        _plain = False
 
 
 _pool_module._check_listeners.append(_set_checks_enabled)
@@ -245,22 +249,23 @@ class Graph:
             Before a successful capture or after :meth:`reset`, and for a stream of another
             device.
         """
-        if _pool_checks:
-            return self._replay_checked(stream)
         try:
+            if _plain:  # one device, no pool checks: nothing to decide
+                _launch(self._exec, (_current_stream() if stream is None else stream).ptr)
+                return
+            if _pool_checks:
+                return self._replay_checked(stream)
             if stream is None:
                 # CuPy's current stream belongs to the current device, or says -1 (the null
-                # and per-thread streams follow it): only then, with several devices, ask CUDA.
+                # and per-thread streams follow it): only then ask CUDA which is current.
                 current = _current_stream()
                 owner = current.device_id
-                if owner != self._device and (
-                        owner >= 0 or _multi_device and _get_device() != self._device):
+                if owner != self._device and (owner >= 0 or _get_device() != self._device):
                     return self._replay_checked(None)
             else:
                 # An explicit stream says its own device, not which device is current.
                 current, owner = stream, stream.device_id
-                if (owner != self._device and owner >= 0
-                        or _multi_device and _get_device() != self._device):
+                if owner != self._device and owner >= 0 or _get_device() != self._device:
                     return self._replay_checked(stream)
             _launch(self._exec, current.ptr)
         except (TypeError, AttributeError):  # no executable yet, an int handle...: say which

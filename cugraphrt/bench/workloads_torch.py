@@ -256,7 +256,9 @@ def run_capture_time(ctx: Context) -> None:
             row.unavailable_all(str(exc))
             ctx.emit(row.build())
         return
-    repeats = ctx.repeats(full=7, quick=5)  # builds vary by several percent: no median of 3
+    # Builds vary by several percent (an H100 run read 0.84-1.14x around a 1.03x median with
+    # five): nine a side, at about 7 ms a build.
+    repeats = ctx.repeats(full=11, quick=9)
     torch.manual_seed(0)
     base = mlp(torch, (512,) * 5).cuda()
     x = torch.randn(32, 512, device="cuda")

@@ -212,6 +212,55 @@ def test_global_mode_names_the_other_thread_and_suggests_thread_local(randn):
     cupy.testing.assert_allclose(y, x * 3)
 
 
+def test_eight_threads_capturing_in_global_mode_fail_only_with_capture_errors(level, figures):
+    # CUDA forbids it: in "global" mode one thread's unsafe call (a pool growing, a graph
+    # instantiated) invalidates the captures of the others. Whatever breaks, every thread's
+    # capture either succeeds and replays correctly or raises cugraphrt's CaptureError
+    # (also CuPy's CUDARuntimeError) naming the cause, never a raw CUDA error. Replays wait
+    # until every thread is done capturing: an eager stream synchronization during another
+    # thread's global-mode capture is refused by CUDA inside CuPy, outside any capture.
+    rounds = level.pick(short=6, long=60)
+    outcomes: dict[str, int] = {"captured": 0, "CaptureError": 0}
+    lock = threading.Lock()
+
+    def capture_then_replay(index: int, barrier) -> None:
+        stream = cupy.cuda.Stream(non_blocking=True)
+        rng = np.random.default_rng(index)
+        with stream:
+            a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
+            a * 2 + 1  # warm-up
+            stream.synchronize()
+        barrier.wait()
+        g, error = Graph(), None
+        try:
+            with graph(g, stream=stream, capture_error_mode="global"):
+                b = a * 2 + 1
+                c = cupy.empty(1 << 18, dtype=cupy.float32)  # a pool segment of its own
+                c[...] = 1
+        except BaseException as exc:  # noqa: BLE001 - checked below, in this thread
+            error = exc
+        barrier.wait()  # no thread captures any more
+        with lock:
+            outcomes["CaptureError" if error is not None else "captured"] += 1
+        if error is not None:
+            assert isinstance(error, CaptureError), repr(error)
+            assert "during capture" in str(error) or "capture" in str(error)
+            return
+        fresh = rng.standard_normal(1000).astype(np.float32)
+        with stream:
+            a.set(fresh)
+            g.replay(stream)
+            np.testing.assert_allclose(b.get(), fresh * 2 + 1, rtol=1e-6)
+
+    for repeat in range(rounds):
+        errors = run_threads(capture_then_replay, THREADS)
+        assert not errors, f"round {repeat}: {errors[:3]}"
+    assert outcomes["captured"] + outcomes["CaptureError"] == rounds * THREADS
+    figures.add("threads/global", f"{THREADS} threads x {rounds} rounds capturing at once in "
+                f"global mode: {outcomes['captured']} captured and replayed correctly, "
+                f"{outcomes['CaptureError']} CaptureErrors, no other error")
+
+
 def test_first_cublas_use_in_another_thread_waits_for_captures(randn):
     # cublasCreate invalidates every capture underway; cugraphrt holds a thread's first
     # cuBLAS call back until the captures of other threads have ended.

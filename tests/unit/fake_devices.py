@@ -65,6 +65,7 @@ class FakeDevices:
         for module in (graphs, devices, launcher_module):
             patch(module, "_current_stream", self.current_stream)
         patch(graphs, "_multi_device", False)
+        patch(graphs, "_plain", not graphs._pool_checks)
         graphs._note_devices()
 
     # The C functions faked; call_profile counts each call as one C call.
