@@ -29,6 +29,7 @@ from .spec import (
 )
 from .timing import device_sync, gpu_batch, host_batch, single
 from .torch_common import (
+    CAPTURE_TARGET,
     WARMUP_ITERS,
     AdapterGraph,
     HandGraph,
@@ -58,9 +59,6 @@ DECODE_STEPS = 32
 #: decided the median. With five, one run in three on an H100 (2026-11-25) still read a
 #: spread of 0.77-1.96x and a median past the target; nine steady it for under 2 s more.
 CAPTURE_BUILDS = 9
-#: The product target on capture time (issue 24): a build at most 5% over torch's, the
-#: median of CAPTURE_BUILDS interleaved builds, for every real model.
-CAPTURE_TARGET = 1.05
 
 
 def skip_reason(ctx: Context, *packages: str, in_quick: bool) -> str | None:

@@ -34,6 +34,7 @@ from .spec import (
 )
 from .timing import gpu_batch, host_batch, single
 from .torch_common import (
+    CAPTURE_TARGET,
     WARMUP_ITERS,
     HandGraph,
     adapter_function,
@@ -411,4 +412,5 @@ TORCH_TRAIN = Workload(
 CAPTURE_TIME = Workload(
     "capture_time", "warm-up + capture + instantiate of the torch_infer / torch_train MLP; "
     "torch = hand-written graph / torch.cuda.make_graphed_callables",
-    CAPTURE_SYSTEMS, "torch", (Target("cugraphrt_torch", "torch", 1.00),), run_capture_time)
+    CAPTURE_SYSTEMS, "torch", (Target("cugraphrt_torch", "torch", CAPTURE_TARGET),),
+    run_capture_time)
