@@ -212,9 +212,9 @@ def test_global_mode_names_the_other_thread_and_suggests_thread_local(randn):
     cupy.testing.assert_allclose(y, x * 3)
 
 
-# A thread that ends frees what CuPy compiled for it: its cuModuleUnload during another
-# thread's global-mode capture is refused by CUDA (the module stays loaded) and CuPy reports
-# it from the destructor as an ignored exception; any other one still fails the test.
+# CuPy freeing a kernel module while another thread's global-mode capture is underway: CUDA
+# refuses the cuModuleUnload (the module stays loaded) and CuPy reports it from the
+# destructor as an ignored exception. Seen on H100s; any other ignored exception still fails.
 @pytest.mark.filterwarnings("ignore:Exception ignored in. 'cupy.cuda.function.Module.__dealloc__'"
                             ":pytest.PytestUnraisableExceptionWarning")
 def test_eight_threads_capturing_in_global_mode_fail_only_with_capture_errors(level, figures):
