@@ -68,13 +68,19 @@ def pytest_collection_modifyitems(config, items):
         _skip_marked(items, "long", "long GPU test: pass --long or set CUGRAPHRT_LONG=1")
     if NO_GPU_REASON is None:
         return
+    if REQUIRE_GPU:
+        return  # pytest_runtest_setup fails them instead
     for item in items:
-        if item.get_closest_marker("gpu") is None:
-            continue
-        if REQUIRE_GPU:
-            item.add_marker(pytest.mark.usefixtures("_fail_without_gpu"))
-        else:
+        if item.get_closest_marker("gpu") is not None:
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {NO_GPU_REASON}"))
+
+
+def pytest_runtest_setup(item):
+    # A hook, not a fixture added to the marks: fixtures are resolved when the test is
+    # collected, so one named by a mark added afterwards never runs.
+    if REQUIRE_GPU and NO_GPU_REASON is not None and item.get_closest_marker("gpu") is not None:
+        pytest.fail(f"CUGRAPHRT_REQUIRE_GPU=1 but no CUDA GPU is usable: {NO_GPU_REASON}",
+                    pytrace=False)
 
 
 def _skip_marked(items, marker: str, reason: str) -> None:
@@ -84,8 +90,3 @@ def _skip_marked(items, marker: str, reason: str) -> None:
         if item.get_closest_marker(marker) is not None:
             item.add_marker(skip)
 
-
-@pytest.fixture
-def _fail_without_gpu():
-    pytest.fail(f"CUGRAPHRT_REQUIRE_GPU=1 but no CUDA GPU is usable: {NO_GPU_REASON}",
-                pytrace=False)
