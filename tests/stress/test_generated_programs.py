@@ -1,0 +1,176 @@
+"""Generated programs: random CuPy and torch programs, replayed as graphs, equal eager runs.
+
+Hypothesis draws small programs (``_generate.py``: element-wise ops, reductions, matmul,
+views, in-place updates, random draws; shapes up to 64, a handful of ops) and each case runs
+them through one way of graphing: a plain capture (``graph``), a graphed callable
+(``make_graphed`` / ``cugraphrt_torch.graph_module``), shape buckets, or two or three graphs
+in one shared pool replayed in capture order (with the pool-order checks on). Every program
+is replayed with new inputs copied into its static inputs and compared with eager runs of
+the same ops on the same inputs (``_harness.py``); random draws are compared exactly, after
+re-seeding the generator. See docs/reliability.md, "Generated programs".
+
+The programs are fixed by a seed per case (printed with the figures);
+``CUGRAPHRT_PROGRAMS_SEED=<int>`` draws others. A failure prints the program (and hypothesis
+shrinks it first); replay it with::
+
+    from tests.stress._programs import Op, Program
+    from tests.stress.test_generated_programs import check_cupy   # or check_torch
+    check_cupy(Program(...))
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+from hypothesis import HealthCheck, Phase, given, seed, settings
+
+import cugraphrt
+from tests.conftest import REQUIRE_GPU
+
+from ._generate import programs
+from ._harness import Tally, check_program
+from ._interpret import CupyBackend, TorchBackend
+from ._programs import MODES, Program
+
+pytestmark = pytest.mark.gpu
+
+#: Programs per mode and case: the normal run, and --stress (on top of the normal run).
+CUPY_PROGRAMS = {"short": 50, "long": 500}
+TORCH_PROGRAMS = {"short": 25, "long": 250}
+#: Torch keeps a reset graph's private segments cached until empty_cache (docs/reliability.md).
+TORCH_EMPTY_CACHE_EVERY = 20
+
+
+class CupyCapturer:
+    """Captures with cugraphrt and releases every graph after its program."""
+
+    def __init__(self) -> None:
+        self._graphs: list = []
+        self._graphed: list = []
+
+    def pool(self):
+        return cugraphrt.graph_pool_handle()
+
+    def capture(self, block, pool):
+        g = cugraphrt.Graph()
+        with cugraphrt.graph(g, pool=pool):
+            block()
+        self._graphs.append(g)
+        return g.replay
+
+    def graphed(self, fn, sample, program: Program):
+        graphed = cugraphrt.make_graphed(fn, tuple(sample), num_warmup_iters=1,
+                                         **_bucket_options(program))
+        self._graphed.append(graphed)
+        return graphed
+
+    def release(self) -> None:
+        for g in self._graphs:
+            g.reset()
+        for graphed in self._graphed:
+            if hasattr(graphed, "release"):
+                graphed.release()  # every bucket's graph
+            else:
+                graphed.graph.reset()
+        self._graphs.clear()
+        self._graphed.clear()
+
+
+class TorchCapturer(CupyCapturer):
+    """Captures torch work with cugraphrt_torch (graph, graph_module)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import cugraphrt_torch
+        import torch
+
+        class Forward(torch.nn.Module):
+            def __init__(self, fn) -> None:
+                super().__init__()
+                self.fn = fn
+
+            def forward(self, *args):
+                return self.fn(*args)
+
+        self.torch, self.adapter, self.module = torch, cugraphrt_torch, Forward
+        self.programs = 0
+
+    def capture(self, block, pool):
+        g = cugraphrt.Graph()
+        with self.adapter.graph(g, pool=pool):
+            block()
+        self._graphs.append(g)
+        return g.replay
+
+    def graphed(self, fn, sample, program: Program):
+        graphed = self.adapter.graph_module(self.module(fn), tuple(sample), num_warmup_iters=1,
+                                            **_bucket_options(program))
+        self._graphed.append(graphed)
+        return graphed
+
+    def release(self) -> None:
+        super().release()
+        self.programs += 1
+        if self.programs % TORCH_EMPTY_CACHE_EVERY == 0:
+            self.torch.cuda.empty_cache()
+
+
+def _bucket_options(program: Program) -> dict:
+    if not program.sizes:
+        return {}
+    return dict(buckets=program.buckets,
+                dynamic_dim=tuple(0 if batched else None for batched in program.batched))
+
+
+def check_cupy(program: Program) -> None:
+    """Run one program (a printed one, to replay a failure) with CuPy."""
+    check_program(program, CupyBackend(), CupyCapturer())
+
+
+def check_torch(program: Program) -> None:
+    """Run one program (a printed one, to replay a failure) with torch."""
+    check_program(program, TorchBackend("cuda"), TorchCapturer())
+
+
+def _run_programs(label: str, mode: str, count: int, backend, capturer, figures) -> None:
+    tally = Tally()
+    case_seed = zlib.crc32(f"{label}/{mode}".encode()) + int(
+        os.environ.get("CUGRAPHRT_PROGRAMS_SEED", "0"))
+
+    @seed(case_seed)
+    @settings(max_examples=count, deadline=None, database=None, print_blob=True,
+              suppress_health_check=list(HealthCheck), report_multiple_bugs=False,
+              phases=(Phase.generate, Phase.shrink))
+    @given(program=programs(mode))
+    def check(program: Program) -> None:
+        check_program(program, backend, capturer, tally)
+
+    before = cugraphrt.pool_checks_enabled()
+    # Shared pools replay in capture order: the safety mode must agree (no PoolOrderError).
+    cugraphrt.set_pool_checks(mode == "shared_pool")
+    try:
+        check()
+    finally:
+        cugraphrt.set_pool_checks(before)
+    figures.add(f"generated programs/{label} {mode}", f"{tally.describe()} (seed {case_seed})")
+    assert tally.programs >= count * 0.9, f"only {tally.programs} of {count} programs ran"
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_cupy_programs_replay_like_eager_runs(mode, level, figures):
+    count = level.pick(short=CUPY_PROGRAMS["short"], long=CUPY_PROGRAMS["long"])
+    _run_programs("cupy", mode, count, CupyBackend(), CupyCapturer(), figures)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_programs_replay_like_eager_runs(mode, level, figures):
+    torch = pytest.importorskip("torch", reason="the torch programs need torch")
+    if not torch.cuda.is_available():
+        if REQUIRE_GPU:
+            pytest.fail("CUGRAPHRT_REQUIRE_GPU=1 but torch sees no CUDA device (a CPU build of "
+                        "torch?)", pytrace=False)
+        pytest.skip("needs a CUDA build of torch")
+    count = level.pick(short=TORCH_PROGRAMS["short"], long=TORCH_PROGRAMS["long"])
+    _run_programs("torch", mode, count, TorchBackend("cuda"), TorchCapturer(), figures)
