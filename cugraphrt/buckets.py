@@ -42,6 +42,7 @@ from ._bucket_plan import (
     rows,
     sample_size,
 )
+from ._overwrites import OutputCheck
 from .errors import OptionsError, ReplayError
 from .options import BucketStat, BucketStats, PoolStats
 from .pool import MemPool
@@ -61,15 +62,18 @@ class CapturedBucket:
         The static outputs the graph writes.
     release : callable
         Frees the graph (its hold on the pool included).
+    seq : int, default 0
+        The graph's capture order in the pool (``cugraphrt._overwrites``), for ``check``.
     """
 
-    __slots__ = ("replay", "outputs", "release")
+    __slots__ = ("replay", "outputs", "release", "seq")
 
     def __init__(self, replay: Callable[[], None], outputs: Any,
-                 release: Callable[[], None]) -> None:
+                 release: Callable[[], None], seq: int = 0) -> None:
         self.replay = replay
         self.outputs = outputs
         self.release = release
+        self.seq = seq
 
 
 class _Bucket:
@@ -102,10 +106,11 @@ class Bucketed:
                  strict: bool, pool: MemPool | None, copy_outputs: bool,
                  capture: Callable[[tuple], CapturedBucket], eager: Callable[..., Any],
                  name: str, trim: Callable[[], object] | None = None,
-                 output_dims: Sequence[int | None] | None = None) -> None:
+                 output_dims: Sequence[int | None] | None = None,
+                 check: Callable[[MemPool], OutputCheck | None] | None = None) -> None:
         # output_dims: per output leaf, the dimension that carries the dynamic size (None:
         # never cut), for front ends that know it; otherwise leaves whose dynamic_dim equals
-        # the bucket size are cut.
+        # the bucket size are cut. check: makes the overwritten-output check of the pool.
         self._output_dims = None if output_dims is None else tuple(output_dims)
         self._ops = ops
         self._capture_fn = capture
@@ -117,6 +122,7 @@ class Bucketed:
         self._budget = check_budget(memory_budget)
         self._pad_value, self._pad_fn = check_pad(pad)
         self.pool = pool if pool is not None else MemPool()
+        self._check = check(self.pool) if check is not None else None
         leaves, self._spec, paths = _tree.flatten(sample_args, "args")
         self._flat = self._spec.is_flat_tuple
         self._num_leaves = len(leaves)
@@ -224,6 +230,9 @@ class Bucketed:
             value = leaves[index]
             if value is not static:
                 copy(static, value)
+        check = self._check
+        if check is not None:  # after the copies: an argument may be a previous output
+            check.before_replay(entry.seq, leaves)
         entry.replay()
         self._clock += 1
         bucket.last_used = self._clock
@@ -234,6 +243,8 @@ class Bucketed:
             outputs = bucket.outputs_by_n[n] = self._views(entry.outputs, bucket.size, n)
         if self._copy_outputs:
             return _tree.unflatten(*_cloned(self._ops, outputs))
+        if check is not None:
+            return check.hand_out_tree(entry.seq, outputs)
         return outputs
 
     def _views(self, outputs: Any, size: int, n: int) -> Any:

@@ -12,6 +12,7 @@ __all__ = [
     "CugraphrtError",
     "CaptureError",
     "ReplayError",
+    "OverwrittenOutputError",
     "OptionsError",
     "PoolOutOfMemoryError",
     "PoolOrderError",
@@ -40,6 +41,16 @@ class ReplayError(CugraphrtError, RuntimeError):
     Raised when replaying before a capture or after :meth:`cugraphrt.Graph.reset`, and when a
     graphed callable is called with inputs that differ from the capture (count, shape, dtype,
     device).
+    """
+
+
+class OverwrittenOutputError(ReplayError):
+    """A replay would overwrite an output of an earlier call that is still referenced.
+
+    Raised by :func:`cugraphrt.make_graphed` callables made with ``check_outputs=True``
+    before the replay, naming the output and the call that returned it. CuPy cannot
+    intercept reading an array, so the checked mode refuses the replay instead (see
+    docs/reliability.md, "Reading an overwritten output").
     """
 
 

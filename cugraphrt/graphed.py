@@ -9,6 +9,8 @@ import cupy
 
 from . import _cuda, _tree
 from . import graphs as _graphs
+from ._checked_views import FIX, CupyViews
+from ._overwrites import OutputCheck, OverwriteOrder, order_for
 from .backing import _on_device
 from .buckets import Bucketed, CapturedBucket
 from .errors import OptionsError, ReplayError
@@ -37,6 +39,7 @@ def make_graphed(
     pad: Any = 0,
     memory_budget: int | None = None,
     strict: bool = False,
+    check_outputs: bool | None = None,
 ) -> GraphedFunction | BucketedFunction:
     """Capture ``fn(*sample_args)`` once and return a callable that replays it.
 
@@ -66,6 +69,13 @@ def make_graphed(
     copy_outputs : bool, default False
         Return copies of the outputs. By default the static outputs are returned, and the
         next call overwrites them.
+    check_outputs : bool, optional
+        The checked mode, off by default (None or False). Without ``copy_outputs``, each
+        call returns fresh arrays over the static outputs, and a replay that would overwrite
+        an output of an earlier call still referenced (the array, or a view of it) raises
+        :class:`OverwrittenOutputError` instead, naming the output and the call; arguments of
+        the call itself are exempt (``x = f(x)``). Drop outputs before the next call (``del``)
+        in checked code. See docs/reliability.md, "Reading an overwritten output".
     buckets : "pow2" or sequence of int, optional
         Sizes of the dynamic dimension to capture a graph for: a strictly increasing list,
         or ``"pow2"`` for 1, 2, 4, ... up to the sample's size (and the sample's size).
@@ -95,7 +105,9 @@ def make_graphed(
         If ``fn`` does something capture forbids.
     """
     options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
-                               copy_outputs=copy_outputs)
+                               copy_outputs=copy_outputs, check_outputs=check_outputs)
+    checked = bool(options.check_outputs) and not options.copy_outputs
+    label = f"make_graphed({getattr(fn, '__name__', type(fn).__name__)})"
     if not callable(fn):
         raise OptionsError("fn", fn, "a callable")
     if not isinstance(sample_args, (tuple, list)):
@@ -109,13 +121,20 @@ def make_graphed(
         return BucketedFunction(fn, sample_args, options.num_warmup_iters, pool=pool,
                                 copy_outputs=options.copy_outputs, buckets=buckets,
                                 dynamic_dim=dynamic_dim, pad=pad,
-                                memory_budget=memory_budget, strict=strict)
+                                memory_budget=memory_budget, strict=strict,
+                                check=(lambda pool: OutputCheck(
+                                    label + ", buckets", FIX, order_for(pool), CupyViews()))
+                                if checked else None)
     _check_devices(sample_args)
     _warm_up(fn, sample_args, options.num_warmup_iters)
     cuda_graph = Graph()
     with graph(cuda_graph, pool=pool):
         outputs = fn(*sample_args)
-    return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs)
+    order = order_for(cuda_graph.pool())
+    seq = order.next_seq()  # before any other capture into the pool
+    check = OutputCheck(label, FIX, order, CupyViews()) if checked else None
+    return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs,
+                           order=order, seq=seq, check=check)
 
 
 def _check_devices(sample_args: tuple) -> None:
@@ -152,7 +171,8 @@ class GraphedFunction:
     """
 
     def __init__(self, cuda_graph: Graph, fn: Callable, sample_args: tuple, outputs: Any,
-                 copy_outputs: bool) -> None:
+                 copy_outputs: bool, *, order: OverwriteOrder | None = None, seq: int = 0,
+                 check: OutputCheck | None = None) -> None:
         self.graph = cuda_graph
         self.__wrapped__ = fn
         self.static_inputs = sample_args
@@ -170,7 +190,15 @@ class GraphedFunction:
                                      leaf.nbytes, bool(leaf._c_contiguous), path))
             else:
                 self._constants.append((index, leaf, path))
-        self._out_leaves, self._out_spec, _ = _tree.flatten(outputs)
+        self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
+        # Overwritten outputs (cugraphrt._overwrites): the pool's order is settled before
+        # every replay; with check, each call hands out fresh arrays, checked at the next.
+        self._order = order if order is not None else OverwriteOrder()
+        self._seq = seq
+        self._check = check
+        if check is not None:
+            check.names = paths
+        self._which = [i for i, leaf in enumerate(self._out_leaves) if isinstance(leaf, _ndarray)]
         self._replay = cuda_graph.replay
         self._device = cuda_graph._device
 
@@ -199,11 +227,17 @@ class GraphedFunction:
                     f"{leaves[index]!r}); non-array arguments are baked into the graph: "
                     f"pass the captured value or graph the function again"
                 )
+        order = self._order  # after the copies: an argument may be a previous output
+        if order.max_seq >= self._seq:
+            order.settle_call(self._seq, leaves)
         self._replay()
         if self._copy_outputs:
             return _tree.unflatten(self._out_spec, [
                 leaf.copy() if isinstance(leaf, _ndarray) else leaf for leaf in self._out_leaves
             ])
+        if self._check is not None:
+            return _tree.unflatten(self._out_spec, self._check.hand_out(
+                self._seq, self._out_leaves, self._which))
         return self.static_outputs
 
     def _structured_leaves(self, args: tuple) -> list:
@@ -297,7 +331,8 @@ class BucketedFunction(Bucketed):
 
     def __init__(self, fn: Callable, sample_args: tuple, num_warmup_iters: int, *,
                  pool: MemPool | None, copy_outputs: bool, buckets: Any,
-                 dynamic_dim: Any, pad: Any, memory_budget: int | None, strict: bool) -> None:
+                 dynamic_dim: Any, pad: Any, memory_budget: int | None, strict: bool,
+                 check: Callable[[MemPool], OutputCheck] | None = None) -> None:
         _check_devices(sample_args)
         self.__wrapped__ = fn
         name = getattr(fn, "__name__", type(fn).__name__)
@@ -311,16 +346,18 @@ class BucketedFunction(Bucketed):
                 cuda_graph = Graph()
                 with graph(cuda_graph, pool=self.pool):
                     outputs = fn(*args)
+            seq = order_for(self.pool).next_seq()  # before any other capture
             # The bucket graphs of one pool may replay in any order (see cugraphrt.buckets):
             # launch directly, past the pool-order checks.
             exec_handle = cuda_graph.raw_graph_exec
             return CapturedBucket(
-                lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset)
+                lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
+                seq)
 
         super().__init__(ops=_CupyOps(), sample_args=sample_args, buckets=buckets,
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
                          strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
-                         eager=fn, name=name)
+                         eager=fn, name=name, check=check)
 
     def __call__(self, *args: Any) -> Any:
         if _graphs._multi_device and _cuda.current_device() != self._device:

@@ -61,10 +61,16 @@ class MakeGraphedOptions(_Frozen):
         handles and FFT plans, fills the allocator's cache). At least 0.
     copy_outputs : bool
         Return fresh copies of the outputs instead of the static output arrays.
+    check_outputs : bool or None
+        Without ``copy_outputs``: catch an output read (torch) or still referenced (CuPy)
+        after a later replay overwrote it (docs/reliability.md, "Reading an overwritten
+        output"). None: the front end's default, on for ``cugraphrt_torch`` unless
+        ``CUGRAPHRT_CHECK_OUTPUTS=0``, off for :func:`cugraphrt.make_graphed`.
     """
 
     num_warmup_iters: int = Field(default=3, ge=0)
     copy_outputs: bool = False
+    check_outputs: bool | None = None
 
 
 class PoolStats(_Frozen):
@@ -250,6 +256,8 @@ def _allowed(model: type[BaseModel], field: str, error: typing.Mapping[str, typi
     bounds = [m for m in info.metadata if hasattr(m, "ge") or hasattr(m, "gt")]
     if info.annotation is bool:
         return "allowed values are True and False"
+    if info.annotation == bool | None:
+        return "allowed values are True, False and None (the default)"
     if info.annotation is int and bounds:
         low = getattr(bounds[0], "ge", None)
         return f"allowed values are integers >= {low}"

@@ -29,7 +29,10 @@ last moment: **copy-on-overwrite**.
 Which replays can overwrite a buffer? Memory a capture allocated stays the graph's as long as
 its tensors live, so later captures into the pool never get it; earlier captures may have used
 it as scratch. Hence a replay of the graph captured ``seq``-th can overwrite the outputs of the
-graphs captured at or after ``seq`` in the same pool, and the guard settles only those.
+graphs captured at or after ``seq`` in the same pool, and the guard settles only those. That
+rule, and the per-pool list of what is pending, is :class:`cugraphrt._overwrites.OverwriteOrder`,
+which the check of overwritten forward outputs (:mod:`cugraphrt_torch._output_check`) shares:
+``AliasGuard`` is its name here.
 """
 
 from __future__ import annotations
@@ -41,11 +44,19 @@ from typing import Any
 
 import torch
 
+from cugraphrt._overwrites import OverwriteOrder, order_for
+
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 
 # A private torch entry point (storage key -> use count), absent from some builds.
 _use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
 _ref = weakref.ref
+
+
+#: The per-pool guard: capture-order numbers and the gradients pending a check.
+AliasGuard = OverwriteOrder
+#: The guard of a cugraphrt MemPool (graphs sharing a pool share one).
+guard_for = order_for
 
 
 def use_count_available() -> bool:
@@ -58,54 +69,6 @@ def _storage_id(tensor: torch.Tensor) -> int | None:
         return tensor.untyped_storage()._cdata
     except Exception:  # noqa: BLE001 - sparse and other storage-less tensors alias nothing
         return None
-
-
-class AliasGuard:
-    """Per memory pool: the gradients handed out and not yet checked, by capture order."""
-
-    __slots__ = ("pending", "max_seq", "_next", "__weakref__")
-
-    def __init__(self) -> None:
-        self.pending: list[tuple[int, GradBuffers, tuple, tuple]] = []
-        self.max_seq = -1  # highest seq in pending; -1 when empty (the replay fast path)
-        self._next = 0
-
-    def next_seq(self) -> int:
-        """The capture-order number of the next graph captured into the pool."""
-        seq = self._next
-        self._next += 1
-        return seq
-
-    def record(self, seq: int, buffers: GradBuffers, handed: tuple, leaves: tuple) -> None:
-        """Note what a backward of the graph ``seq`` handed out."""
-        self.pending.append((seq, buffers, handed, leaves))
-        if seq > self.max_seq:
-            self.max_seq = seq
-
-    def settle(self, seq: int) -> None:
-        """Before a replay of graph ``seq``: check every noted buffer it may overwrite.
-
-        Callers test ``guard.max_seq >= seq`` first, so the common replay pays one compare.
-        """
-        keep = []
-        for entry in self.pending:
-            if entry[0] >= seq:
-                entry[1].settle(entry[2], entry[3])
-            else:
-                keep.append(entry)
-        self.pending = keep
-        self.max_seq = max((entry[0] for entry in keep), default=-1)
-
-
-_guards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def guard_for(pool) -> AliasGuard:
-    """The guard of a cugraphrt MemPool (graphs sharing a pool share one)."""
-    guard = _guards.get(pool)
-    if guard is None:
-        guard = _guards[pool] = AliasGuard()
-    return guard
 
 
 class GradBuffers:

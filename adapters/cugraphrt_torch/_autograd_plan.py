@@ -204,6 +204,7 @@ class OutputPlan:
                     "hold them",
                 )
         self.template = list(leaves)
+        self.paths = tuple(paths)
         self.positions = tuple(i for i, leaf in enumerate(leaves) if isinstance(leaf, _Tensor))
         self.statics = tuple(leaves[i] for i in self.positions)
         # Apply returns a tensor for one output and a tuple otherwise: no rebuild needed when

@@ -3,8 +3,10 @@
 Everything a call needs is decided at capture; the call path below does no pytree work for
 positional tensors, no ``torch.no_grad()`` context (2 us each in CPython), and allocates only
 what autograd needs (one fresh tensor per output and per gradient handed out) plus one weak
-reference per gradient for the alias guard. It replays through the adapter's replay object on
-torch's current stream (torch's CUDAGraph replay, which advances the RNG).
+reference per gradient for the alias guard and, with the overwritten-output check, one per
+output (each output then has a storage of its own: see ``_output_check``). It replays through
+the adapter's replay object on torch's current stream (torch's CUDAGraph replay, which
+advances the RNG).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, cast
 import torch
 from torch.autograd.function import once_differentiable
 
+from cugraphrt._overwrites import OutputCheck
 from cugraphrt.errors import ReplayError
 
 from ._autograd_guard import AliasGuard, GradBuffers
@@ -50,8 +53,8 @@ class GraphedCallable:
 
     Call it like the original. Each call checks its arguments against the capture, copies
     new tensors into the static inputs, replays the forward graph and returns fresh tensors
-    over the static outputs (the next call overwrites their values); backward replays the
-    backward graph.
+    over the static outputs (the next call overwrites their values, and with ``check``,
+    reading them after that raises); backward replays the backward graph.
 
     Attributes
     ----------
@@ -68,7 +71,7 @@ class GraphedCallable:
                  forward_graph, backward_graph, guard: AliasGuard, forward_seq: int,
                  backward_seq: int, params: Sequence, param_names: Sequence[str],
                  static_grad_outputs: Sequence, static_grad_inputs: Sequence,
-                 autocast: tuple = (False, None)) -> None:
+                 autocast: tuple = (False, None), check: OutputCheck | None = None) -> None:
         self.name = name
         self.__wrapped__ = fn
         self.forward_graph = forward_graph
@@ -87,6 +90,11 @@ class GraphedCallable:
         self._grad_indices = args.grad_indices
         self._autocast = autocast
         self._gen = 0  # forward replays so far; a backward must belong to the latest
+        self._check = check if outputs.statics else None
+        if self._check is not None:
+            self._check.names = [outputs.paths[p] for p in outputs.positions]
+        self._check_one = outputs.is_single
+        self._which = tuple(range(len(outputs.statics)))
         self._grad_outs = tuple(
             (k, buf, buf.data_ptr(), buf.stride())
             for k, buf in zip(outputs.diff, static_grad_outputs, strict=False))
@@ -136,15 +144,21 @@ class GraphedCallable:
         return out if self._direct else self._outputs.assemble(out)
 
     def _forward(self, leaves) -> Any:
-        guard = self._guard
-        if guard.max_seq >= self._fwd_seq:
-            guard.settle(self._fwd_seq)
         self._args.load(leaves)
         if self._autocast[0] or _any_autocast():
             self._check_autocast()
+        # After the copies: an argument may be an output this replay overwrites (x = f(x)).
+        guard = self._guard
+        if guard.max_seq >= self._fwd_seq:
+            guard.settle(self._fwd_seq)
         self._gen += 1
         self._fwd_replay()
-        return self._outputs.hand_out()
+        check = self._check
+        if check is None:
+            return self._outputs.hand_out()
+        if self._check_one:
+            return check.hand_out_one(self._fwd_seq, self._outputs.statics[0])
+        return tuple(check.hand_out(self._fwd_seq, self._outputs.statics, self._which))
 
     def _backward(self, ctx, grads: tuple) -> tuple:
         if ctx.gen != self._gen:

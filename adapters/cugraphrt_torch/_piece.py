@@ -10,7 +10,9 @@ compiled and loaded lazily, which a capture forbids); the next call captures it 
 (parameters, buffers, ``mark_static_address``) are read in place, so in-place updates of them
 (KV caches, counters) are part of the graph. Other tensors are copied into buffers owned by
 the recording, and those the graph writes to are copied back after each replay. A static
-input found at another address re-records, a bounded number of times.
+input found at another address re-records, a bounded number of times. Outputs are copies, or
+with ``copy_outputs=False`` fresh tensors over the recording's outputs that raise when read
+after a later replay overwrote them (``_output_check``).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from dataclasses import dataclass
 import torch
 
 from cugraphrt import pool as _pool_module
+from cugraphrt._overwrites import OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 from cugraphrt.graphs import Graph
 from cugraphrt.pool import MemPool
 
+from ._output_check import FIX_COMPILE, checkable, make_check
 from ._piece_buckets import PieceBuckets, static_addresses
 from .capture import graph as _capture
 
@@ -56,6 +60,7 @@ class PieceSettings:
     copy_outputs: bool
     strict: bool
     buckets: tuple[int, ...] | None = None
+    check_outputs: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -105,10 +110,11 @@ class _Recording:
     """One capture of a piece: the graph, the buffers it reads and the outputs it writes."""
 
     __slots__ = ("graph", "replay", "static_ptrs", "buffers", "copy_from", "write_back",
-                 "outputs", "clone")
+                 "outputs", "clone", "seq", "checked")
 
     def __init__(self, cuda_graph: Graph, replay, static_ptrs: list, buffers: list,
-                 copy_from: list[int], write_back: list, outputs: list, clone: list) -> None:
+                 copy_from: list[int], write_back: list, outputs: list, clone: list,
+                 seq: int = 0, checked: tuple[int, ...] = ()) -> None:
         self.graph = cuda_graph
         self.replay = replay
         self.static_ptrs = static_ptrs
@@ -117,6 +123,8 @@ class _Recording:
         self.write_back = write_back
         self.outputs = outputs
         self.clone = clone
+        self.seq = seq  # capture order in the pool (cugraphrt._overwrites)
+        self.checked = checked  # the outputs handed out as checked aliases
 
 
 class Piece:
@@ -148,6 +156,8 @@ class Piece:
         self._replays = 0
         self._rerecords = 0
         self._pool: MemPool | None = None
+        self._order = OverwriteOrder()  # the pool's, from the first capture on
+        self._check: OutputCheck | None = None
         self._buckets = buckets  # serves the sizes its buckets fit; the rest: per shape
         self._bucket_note = bucket_note
         self._bucket_warm = 0
@@ -167,6 +177,9 @@ class Piece:
             return self._moved(key, rec, args)
         if rec.copy_from:
             _foreach_copy(rec.buffers, [args[i] for i in rec.copy_from])
+        order = self._order  # after the copies: an argument may be a previous output
+        if order.max_seq >= rec.seq:
+            order.settle(rec.seq)
         replay = rec.replay
         if _pool_module._checks_enabled:
             replay.on_torch_stream()
@@ -182,6 +195,9 @@ class Piece:
         if self._settings.copy_outputs:
             return [out.clone() if clone else out
                     for out, clone in zip(rec.outputs, rec.clone, strict=True)]
+        check = self._check
+        if check is not None and rec.checked:
+            return check.hand_out(rec.seq, rec.outputs, rec.checked)
         return list(rec.outputs)
 
     def _key(self, args: list) -> tuple:
@@ -298,6 +314,8 @@ class Piece:
                           stacklevel=4)
             return self._eager(args)
         self._recordings[key] = rec
+        if self._order.max_seq >= rec.seq:
+            self._order.settle(rec.seq)
         rec.replay.on_torch_stream()  # a capture records work without running it
         return self._results(rec, args)
 
@@ -334,8 +352,15 @@ class Piece:
         write_back = [(i, b) for i, b in zip(copy_from, buffers, strict=True)
                       if i in self._mutated]
         self._copied = tuple(self._names[i] for i in copy_from)
+        order = self._order = order_for(self._pool)
+        seq = order.next_seq()  # before any other capture into the pool
+        if self._check is None and not self._settings.copy_outputs:
+            self._check = make_check(self._settings.check_outputs,
+                                     f"torch.compile piece '{self.name}'", FIX_COMPILE, order)
+        checked = tuple(i for i, c in enumerate(clone) if c and checkable(outputs[i])) \
+            if self._check is not None else ()
         return _Recording(cuda_graph, context._replay, static_ptrs, buffers, copy_from,
-                          write_back, outputs, clone)
+                          write_back, outputs, clone, seq, checked)
 
     # -- report --------------------------------------------------------------------------
     def report(self) -> PieceReport:

@@ -25,10 +25,12 @@ from typing import Any
 
 import torch
 
+from cugraphrt._overwrites import order_for
 from cugraphrt.buckets import Bucketed, CapturedBucket
 from cugraphrt.graphs import Graph
 from cugraphrt.pool import MemPool
 
+from ._output_check import FIX_COMPILE, make_check
 from .bucketed import _TorchOps
 from .capture import graph as _capture
 
@@ -157,7 +159,8 @@ class PieceBuckets:
     """
 
     def __init__(self, plan: BucketPlan, buckets: tuple[int, ...], compiled, *, name: str,
-                 static: Sequence[int], strict: bool, copy_outputs: bool) -> None:
+                 static: Sequence[int], strict: bool, copy_outputs: bool,
+                 check_outputs: bool | None = None) -> None:
         self.plan = plan
         self.buckets = buckets
         self._compiled = compiled
@@ -165,6 +168,7 @@ class PieceBuckets:
         self._static = list(static)
         self._strict = strict
         self._copy_outputs = copy_outputs
+        self._check_outputs = check_outputs
         probe = next(i for i, dim in enumerate(plan.dims) if dim is not None)
         self._probe_index = plan.copied[probe]
         self._probe_dim = plan.dims[probe]
@@ -207,8 +211,13 @@ class PieceBuckets:
             memory_budget=None, strict=self._strict, pool=pool,
             copy_outputs=self._copy_outputs, capture=self._capture,
             eager=lambda *_: self._compiled(list(self._args)), name=self._name,
-            output_dims=self.plan.output_dims)
+            output_dims=self.plan.output_dims,
+            check=None if self._copy_outputs else self._make_check)
         return self._core
+
+    def _make_check(self, pool: MemPool):
+        return make_check(self._check_outputs, f"torch.compile piece '{self._name}', buckets",
+                          FIX_COMPILE, order_for(pool))
 
     def _capture(self, bucket_args: tuple) -> CapturedBucket:
         plan = self.plan
@@ -226,10 +235,11 @@ class PieceBuckets:
         session = _capture(cuda_graph, pool=self._core.pool, capture_error_mode="thread_local")
         with session:
             outputs = self._compiled(list(inputs))
+        seq = order_for(self._core.pool).next_seq()  # before any other capture
         replay = session._replay
         assert replay is not None
         # Bucket graphs replay in any order (cugraphrt.buckets): past the pool-order checks.
-        return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset)
+        return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
 
 
 def static_addresses(args: list, static: list[int]) -> list:

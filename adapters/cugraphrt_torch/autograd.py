@@ -19,6 +19,7 @@ from cugraphrt.errors import CugraphrtError, OptionsError
 from ._autograd_guard import guard_for
 from ._autograd_plan import ArgPlan, OutputPlan, check_module, describe, name_of, normalize
 from ._autograd_runtime import GraphedCallable, autocast_state, graphed_forward
+from ._output_check import FIX_CLONE, checkable, make_check
 
 if TYPE_CHECKING:
     from ._autograd_guard import AliasGuard
@@ -35,6 +36,7 @@ def make_graphed_callables(
     *,
     sample_kwargs: dict | tuple | None = None,
     strict_dtypes: bool = False,
+    check_outputs: bool | None = None,
 ) -> Any:
     """Capture the forward and backward of callables and return drop-in graphed versions.
 
@@ -70,6 +72,11 @@ def make_graphed_callables(
         (under autocast, one graphed module's float16 output feeds the next one's float32
         sample); its gradient is converted back by autograd. ``True`` raises
         :class:`cugraphrt.ReplayError` for any dtype that differs from the sample's.
+    check_outputs : bool, optional
+        Reading a forward output after a later replay overwrote it raises a ``RuntimeError``
+        naming the call that produced it (docs/reliability.md, "Reading an overwritten
+        output"). None (the default) means on unless the environment variable
+        ``CUGRAPHRT_CHECK_OUTPUTS=0``.
 
     Returns
     -------
@@ -101,6 +108,8 @@ def make_graphed_callables(
     _check_options(num_warmup_iters, allow_unused_input, pool)
     if not isinstance(strict_dtypes, bool):
         raise OptionsError("strict_dtypes", strict_dtypes, "True or False")
+    if check_outputs is not None and not isinstance(check_outputs, bool):
+        raise OptionsError("check_outputs", check_outputs, "True, False or None (the default)")
     _check_autocast_cache()
     for i, (fn, _, _) in enumerate(entries):
         if isinstance(fn, torch.nn.Module):
@@ -123,12 +132,15 @@ def make_graphed_callables(
     results: list[Any] = []
     for item in work:
         params, names = zip(*item.param_targets, strict=False) if item.param_targets else ((), ())
+        # All or nothing: an output handed out as .data would share the static storage.
+        check = make_check(check_outputs, f"graphed callable {item.name}", FIX_CLONE, guard) \
+            if all(checkable(t) for t in item.outputs.statics) else None
         rt = GraphedCallable(
             name=item.name, fn=item.fn, args=item.plan, outputs=item.outputs,
             forward_graph=item.fwd_graph, backward_graph=item.bwd_graph, guard=guard,
             forward_seq=item.fwd_seq, backward_seq=item.bwd_seq, params=params,
             param_names=names, static_grad_outputs=item.grad_outputs,
-            static_grad_inputs=item.grad_inputs, autocast=autocast)
+            static_grad_inputs=item.grad_inputs, autocast=autocast, check=check)
         if isinstance(item.fn, torch.nn.Module):
             item.fn.forward = graphed_forward(rt, item.fn, item.fn.forward)
             results.append(item.fn)

@@ -14,11 +14,13 @@ from typing import Any
 import cupy
 import torch
 
+from cugraphrt._overwrites import order_for
 from cugraphrt.buckets import Bucketed, CapturedBucket
 from cugraphrt.errors import ReplayError
 from cugraphrt.graphs import Graph
 from cugraphrt.pool import MemPool
 
+from ._output_check import FIX_COPY, make_check
 from .capture import graph
 
 __all__ = ["BucketedModule"]
@@ -82,7 +84,7 @@ class BucketedModule:
     def __init__(self, module: torch.nn.Module, sample_args: tuple, device: int, *,
                  warm_up: Callable[[tuple], None], pool: MemPool | None, copy_outputs: bool,
                  buckets: Any, dynamic_dim: Any, pad: Any, memory_budget: int | None,
-                 strict: bool) -> None:
+                 strict: bool, check_outputs: bool | None = None) -> None:
         self.module = module
         self._training = module.training
         self._strict = strict
@@ -96,13 +98,18 @@ class BucketedModule:
                 session = graph(cuda_graph, pool=self._core.pool)
                 with session:
                     outputs = module(*args)
+            seq = order_for(self._core.pool).next_seq()  # before any other capture
             replay = session._replay
             assert replay is not None
             # Torch's own replay, on torch's current stream, past the pool-order checks: the
             # bucket graphs of one pool may replay in any order (see cugraphrt.buckets). Go
             # through the adapter's replay object, never torch's bound method: a reset
             # disarms the former, while the latter would keep torch's graph and pool alive.
-            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset)
+            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq)
+
+        def check(pool: MemPool):
+            return make_check(check_outputs, f"graph_module({type(module).__name__}, buckets)",
+                              FIX_COPY, order_for(pool))
 
         def eager(*args: Any) -> Any:
             with torch.no_grad():
@@ -113,7 +120,8 @@ class BucketedModule:
                 ops=_TorchOps(), sample_args=sample_args, buckets=buckets,
                 dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
                 pool=pool, copy_outputs=copy_outputs, capture=capture, eager=eager,
-                name=type(module).__name__, trim=_release_torch_cache)
+                name=type(module).__name__, trim=_release_torch_cache,
+                check=None if copy_outputs else check)
         self._eager = eager
         self.buckets = self._core.buckets
         self.pool = self._core.pool

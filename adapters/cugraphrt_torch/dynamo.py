@@ -55,6 +55,11 @@ class CompileOptions(_Frozen):
     copy_outputs : bool
         Return copies of the outputs (the default: outputs stay valid like eager ones). With
         False, a piece returns the tensors its graph writes, which its next call overwrites.
+    check_outputs : bool, optional
+        With ``copy_outputs=False``: reading a piece's output after a later replay overwrote
+        it raises a ``RuntimeError`` naming the piece and the call (docs/reliability.md).
+        None (the default) means on unless the environment variable
+        ``CUGRAPHRT_CHECK_OUTPUTS=0``.
     buckets : "pow2" or list of int, optional
         Shape buckets for inference pieces compiled with a dynamic size: a call of size
         ``n`` replays the graph of the smallest bucket ``>= n``, its copied inputs padded
@@ -77,6 +82,7 @@ class CompileOptions(_Frozen):
     max_graphs: int = Field(default=8, ge=1)
     max_rerecords: int = Field(default=3, ge=0)
     copy_outputs: bool = True
+    check_outputs: bool | None = None
     buckets: Literal["pow2"] | list[int] | None = None
     max_bucket: int | None = Field(default=None, ge=1)
     eager_numerics: bool = False
@@ -113,7 +119,8 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
     opts = validate_options(CompileOptions, **(options or {}))
     settings = PieceSettings(warmup=opts.warmup, max_graphs=opts.max_graphs,
                              max_rerecords=opts.max_rerecords, copy_outputs=opts.copy_outputs,
-                             strict=opts.strict, buckets=_bucket_sizes(opts))
+                             strict=opts.strict, buckets=_bucket_sizes(opts),
+                             check_outputs=opts.check_outputs)
     region = _Region(next(_region_ids), opts.compiler, settings,
                      _fx_inspect.placeholder_names(gm))
     if opts.compiler == "aot_eager":
@@ -185,7 +192,8 @@ class _Region:
             else:
                 buckets = PieceBuckets(plan, self.settings.buckets, compiled, name=name,
                                        static=static, strict=self.settings.strict,
-                                       copy_outputs=self.settings.copy_outputs)
+                                       copy_outputs=self.settings.copy_outputs,
+                                       check_outputs=self.settings.check_outputs)
         return Piece(compiled, name=name, compiler=self.compiler, names=names, static=static,
                      mutated=mutated, dynamic=dynamic,
                      reason=_fx_inspect.uncapturable_reason(graph, inputs, names),

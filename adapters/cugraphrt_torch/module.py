@@ -10,6 +10,7 @@ import torch
 
 from cugraphrt import _tree
 from cugraphrt import pool as _pool_module
+from cugraphrt._overwrites import OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.graph_context import default_capture_stream
 from cugraphrt.graphs import Graph
@@ -17,6 +18,7 @@ from cugraphrt.options import MakeGraphedOptions, validate_options
 from cugraphrt.pool import MemPool
 
 from . import _torch
+from ._output_check import FIX_COPY, checkable, make_check
 from .bucketed import BucketedModule
 from .capture import graph
 
@@ -29,7 +31,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
                  num_warmup_iters: int = 3, copy_outputs: bool = False,
                  strict: bool = False, buckets: Any = None,
                  dynamic_dim: int | tuple[int | None, ...] = 0, pad: Any = 0,
-                 memory_budget: int | None = None) -> GraphedModule | BucketedModule:
+                 memory_budget: int | None = None,
+                 check_outputs: bool | None = None) -> GraphedModule | BucketedModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
     The sample tensors become the graph's static inputs. Each call copies its tensors into
@@ -49,8 +52,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         Eager runs, under ``torch.no_grad()``, on the capture stream before capture
         (kernel selection, library handles and workspaces for that stream).
     copy_outputs : bool, default False
-        Return clones of the outputs. By default the static outputs are returned, and the
-        next call overwrites them.
+        Return clones of the outputs. By default each call returns tensors over the static
+        outputs, which the next call overwrites.
     strict : bool, default False
         Raise :class:`cugraphrt.ReplayError` for a call that does not match the capture
         (argument count, shape, dtype or device, or a changed ``training`` flag) instead of
@@ -60,6 +63,12 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         :func:`cugraphrt.make_graphed` does for CuPy functions (same machinery): a call of
         size ``n`` replays the smallest bucket ``>= n`` with its inputs padded, and outputs
         carrying the bucket's size come back as views of their first ``n`` rows.
+    check_outputs : bool, optional
+        Without ``copy_outputs``: each call returns fresh tensors over the static outputs,
+        and reading one after a later replay overwrote it raises a ``RuntimeError`` naming
+        the call that produced it (docs/reliability.md, "Reading an overwritten output").
+        None (the default) means on unless the environment variable
+        ``CUGRAPHRT_CHECK_OUTPUTS=0``; unavailable on torch builds without CUDA.
 
     Returns
     -------
@@ -73,7 +82,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         If the forward does something capture forbids (host syncs, data-dependent shapes).
     """
     options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
-                               copy_outputs=copy_outputs)
+                               copy_outputs=copy_outputs, check_outputs=check_outputs)
     if not isinstance(strict, bool):
         raise OptionsError("strict", strict, "allowed values are True and False")
     if not isinstance(module, torch.nn.Module):
@@ -91,7 +100,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             module, own, device,
             warm_up=lambda statics: _warm_up(module, statics, options.num_warmup_iters, device),
             pool=pool, copy_outputs=options.copy_outputs, buckets=buckets,
-            dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict)
+            dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
+            check_outputs=options.check_outputs)
     with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.
@@ -101,8 +111,12 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         capture = graph(cuda_graph, pool=pool)
         with capture:
             outputs = module(*static)
+    order = order_for(cuda_graph.pool())
+    seq = order.next_seq()  # before any other capture into the pool
+    check = None if options.copy_outputs else make_check(
+        options.check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
     return GraphedModule(module, cuda_graph, capture, static, outputs, options.copy_outputs,
-                         strict)
+                         strict, order=order, seq=seq, check=check)
 
 
 def _sample_tuple(sample_args) -> tuple:
@@ -159,11 +173,14 @@ class GraphedModule:
     static_inputs : tuple of torch.Tensor
         The input buffers the graph reads.
     static_outputs : Any
-        What the module returned during capture; every replay overwrites it.
+        What the module returned during capture; every replay overwrites it. Calls return
+        fresh tensors over it (see ``check_outputs``), never these.
     """
 
     def __init__(self, module, cuda_graph: Graph, capture: graph, static_inputs: tuple,
-                 outputs: Any, copy_outputs: bool, strict: bool) -> None:
+                 outputs: Any, copy_outputs: bool, strict: bool, *,
+                 order: OverwriteOrder | None = None, seq: int = 0,
+                 check: OutputCheck | None = None) -> None:
         self.module = module
         self.graph = cuda_graph
         self.torch_graph = capture.torch_graph
@@ -180,8 +197,18 @@ class GraphedModule:
         self._slots = tuple((t.detach(), t.data_ptr(), t.shape, t.dtype, t.get_device())
                             for t in static_inputs)
         self._num_inputs = len(static_inputs)
-        _, self._out_spec, _ = _tree.flatten(outputs)
+        self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
         self._out_is_tensor = isinstance(outputs, _Tensor)
+        # Overwritten outputs (cugraphrt._overwrites): the pool's order is settled before
+        # every replay, so outputs of other graphs this one may overwrite get marked too.
+        self._order = order if order is not None else OverwriteOrder()
+        self._seq = seq
+        self._which = tuple(i for i, leaf in enumerate(self._out_leaves) if checkable(leaf)) \
+            if check is not None else ()
+        self._check = check if self._which else None
+        if self._check is not None:
+            self._check.names = paths  # "output", "output[1]", "output['logits']"
+        self._check_one = self._out_is_tensor and self._check is not None
 
     def __call__(self, *args):
         if self.module.training != self._training:
@@ -199,6 +226,9 @@ class GraphedModule:
                 static.copy_(value)
             elif value.stride() != static.stride():  # a differently laid-out view of it
                 static.copy_(value.clone())
+        order = self._order  # after the copies: an argument may be a previous output
+        if order.max_seq >= self._seq:
+            order.settle(self._seq)
         replay = self._replay_obj
         if _pool_module._checks_enabled:
             replay.on_torch_stream()
@@ -206,6 +236,12 @@ class GraphedModule:
             replay._replay()
         if self._copy:
             return self._copied_outputs()
+        check = self._check
+        if check is not None:
+            if self._check_one:
+                return check.hand_out_one(self._seq, self.static_outputs)
+            return _tree.unflatten(self._out_spec,
+                                   check.hand_out(self._seq, self._out_leaves, self._which))
         return self.static_outputs
 
     def _copied_outputs(self):

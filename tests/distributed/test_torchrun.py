@@ -20,11 +20,11 @@ COLLECTIVES = ("graph", "callables", "cupy")
 TRAINING = ("step", "callables", "ddp_step", "static_graph")
 
 
-def _ranks(*, short: bool = False, two_only: bool = False):
-    """1 and WORLD ranks; the one-rank runs prove only the plumbing and are marked long
-    unless ``short``."""
+def _ranks(*, two_only: bool = False):
+    """1 and WORLD ranks. The one-rank runs prove only the plumbing (about 90 s together) and
+    are marked long, to hold the default single-GPU run near four minutes."""
     cases = [] if two_only else [pytest.param(
-        1, marks=[skip_unless_gpus(1), *([] if short else [pytest.mark.long])], id="1rank")]
+        1, marks=[skip_unless_gpus(1), pytest.mark.long], id="1rank")]
     return [*cases, pytest.param(WORLD, marks=skip_unless_gpus(WORLD), id=f"{WORLD}ranks")]
 
 
@@ -36,7 +36,7 @@ def _has_cupy_nccl() -> bool:
     return bool(nccl.available)
 
 
-@pytest.mark.parametrize("nproc", _ranks(short=True))
+@pytest.mark.parametrize("nproc", _ranks())
 @pytest.mark.parametrize("part", COLLECTIVES)
 def test_collectives_in_graphs_match_eager_over_100_replays(part, nproc):
     parts = COLLECTIVES if _has_cupy_nccl() else COLLECTIVES[:2]
@@ -71,13 +71,13 @@ def test_a_mismatched_capture_fails_on_every_rank_naming_the_collective(nproc):
     assert passed(out, "mismatch", nproc) and passed(out, "mismatch-then-eager", nproc)
 
 
-@pytest.mark.parametrize("nproc", _ranks(short=True))
+@pytest.mark.parametrize("nproc", _ranks())
 def test_the_watchdog_turns_a_stuck_replay_into_an_error(nproc):
     out = torchrun("checks.py", "watchdog", nproc=nproc, deadline_s=120)
     assert passed(out, "watchdog", nproc)
 
 
-@pytest.mark.parametrize("nproc", _ranks(short=True))
+@pytest.mark.parametrize("nproc", _ranks())
 @pytest.mark.parametrize("mode", ["keep", "exit"])
 def test_process_groups_go_and_processes_exit_with_graphs_alive(mode, nproc):
     out = torchrun("lifecycle.py", mode, nproc=nproc, deadline_s=120)

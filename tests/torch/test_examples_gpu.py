@@ -23,6 +23,7 @@ _COMPILE = pytest.mark.long
 @pytest.mark.parametrize("name", ["torch_inference.py", "migrate_by_name.py",
                                   "train_partial_capture.py",
                                   "train_whole_step.py", "serving_buckets.py",
+                                  "stale_outputs.py",
                                   pytest.param("compile_backend.py", marks=_COMPILE),
                                   pytest.param("compile_buckets.py", marks=_COMPILE)])
 def test_example_runs(name):
