@@ -69,8 +69,11 @@ def test_static_input_is_not_copied_and_outputs_are_static(exact_math):
     first = graphed(static)  # same data_ptr: replays on the buffer as it is
     with torch.no_grad():
         torch.testing.assert_close(first, model(static))
+    where = first.data_ptr()
     second = graphed(torch.randn(3, 16, device="cuda"))
-    assert second.data_ptr() == first.data_ptr()  # the static output, overwritten
+    assert second.data_ptr() == where  # the static output, overwritten
+    with pytest.raises(RuntimeError, match="overwritten"):
+        first.sum()  # and the earlier call's tensor says so when read
     with torch.no_grad():
         torch.testing.assert_close(second, model(static))  # the new input was copied in
 
