@@ -266,6 +266,70 @@ def test_eight_threads_capturing_in_global_mode_fail_only_with_capture_errors(le
                 f"{outcomes['CaptureError']} CaptureErrors, no other error")
 
 
+@pytest.mark.filterwarnings("ignore:Exception ignored in. 'cupy.cuda.function.Module.__dealloc__'"
+                            ":pytest.PytestUnraisableExceptionWarning")
+def test_seven_global_captures_a_neighbour_breaks_each_raise_a_capture_error(level, figures):
+    # The test above may see no conflict at all (the pool had room, nothing was unsafe). Here
+    # one is forced every round: seven threads are inside global-mode captures when an eighth
+    # calls cudaMalloc. CUDA refuses that call and breaks the captures underway; every
+    # capturing thread must then come out with a CaptureError (or, where CUDA left its
+    # capture intact, a graph that replays correctly), never a raw CUDA error.
+    rounds = level.pick(short=3, long=30)
+    capturing = THREADS - 1
+    outcomes: dict[str, int] = {"captured": 0, "CaptureError": 0, "neighbour refused": 0}
+    lock = threading.Lock()
+
+    def thread(index: int, barrier) -> None:
+        if index == capturing:  # the neighbour
+            barrier.wait()  # every other thread is capturing
+            try:
+                cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1 << 22))
+            except cupy.cuda.runtime.CUDARuntimeError:
+                with lock:
+                    outcomes["neighbour refused"] += 1
+            barrier.wait()
+            barrier.wait()
+            return
+        stream = cupy.cuda.Stream(non_blocking=True)
+        rng = np.random.default_rng(index)
+        with stream:
+            a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
+            a * 2 + 1  # warm-up
+            stream.synchronize()
+        g, error = Graph(), None
+        try:
+            with graph(g, stream=stream, capture_error_mode="global"):
+                barrier.wait()
+                barrier.wait()  # the neighbour's cudaMalloc is done
+                b = a * 2 + 1  # the first launch after it
+        except BaseException as exc:  # noqa: BLE001 - checked below, in this thread
+            error = exc
+        barrier.wait()  # no thread captures any more
+        with lock:
+            outcomes["CaptureError" if error is not None else "captured"] += 1
+        if error is not None:
+            assert isinstance(error, CaptureError), repr(error)
+            assert "'global' mode" in str(error), str(error)
+            return
+        fresh = rng.standard_normal(1000).astype(np.float32)
+        with stream:
+            a.set(fresh)
+            g.replay(stream)
+            np.testing.assert_allclose(b.get(), fresh * 2 + 1, rtol=1e-6)
+
+    for repeat in range(rounds):
+        before = outcomes["CaptureError"]
+        errors = run_threads(thread, THREADS)
+        assert not errors, f"round {repeat}: {errors[:3]}"
+        assert outcomes["CaptureError"] > before, f"round {repeat}: no capture was broken"
+    assert outcomes["captured"] + outcomes["CaptureError"] == rounds * capturing
+    figures.add("threads/global-forced", f"{capturing} threads x {rounds} rounds in global-mode "
+                f"captures while an eighth called cudaMalloc: {outcomes['CaptureError']} "
+                f"CaptureErrors, {outcomes['captured']} captured and replayed correctly, "
+                f"the neighbour's call refused {outcomes['neighbour refused']} times, "
+                f"no other error")
+
+
 def test_first_cublas_use_in_another_thread_waits_for_captures(randn):
     # cublasCreate invalidates every capture underway; cugraphrt holds a thread's first
     # cuBLAS call back until the captures of other threads have ended.
