@@ -281,6 +281,7 @@ def test_seven_global_captures_a_neighbour_breaks_each_raise_a_capture_error(lev
 
     def thread(index: int, barrier) -> None:
         if index == capturing:  # the neighbour
+            barrier.wait()  # every thread has warmed up (eager syncs end before captures)
             barrier.wait()  # every other thread is capturing
             try:
                 cupy.cuda.runtime.free(cupy.cuda.runtime.malloc(1 << 22))
@@ -296,6 +297,10 @@ def test_seven_global_captures_a_neighbour_breaks_each_raise_a_capture_error(lev
             a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
             a * 2 + 1  # warm-up
             stream.synchronize()
+        # A synchronization while another thread's global-mode capture is underway is
+        # refused by CUDA inside CuPy, outside any capture: no thread captures before all
+        # have warmed up.
+        barrier.wait()
         g, error = Graph(), None
         try:
             with graph(g, stream=stream, capture_error_mode="global"):
