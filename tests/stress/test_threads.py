@@ -212,6 +212,27 @@ def test_global_mode_names_the_other_thread_and_suggests_thread_local(randn):
     cupy.testing.assert_allclose(y, x * 3)
 
 
+def _warmed_input(index: int):
+    """A thread's own stream, generator and input, ``a * 2 + 1`` warmed up and synchronized
+    (before any global-mode capture begins: CUDA refuses the synchronization beside one)."""
+    stream = cupy.cuda.Stream(non_blocking=True)
+    rng = np.random.default_rng(index)
+    with stream:
+        a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
+        a * 2 + 1  # warm-up
+        stream.synchronize()
+    return stream, rng, a
+
+
+def _replays_like_numpy(g: Graph, stream, rng, a, b) -> None:
+    """Replay ``b = a * 2 + 1`` on fresh values of ``a`` and check it against NumPy."""
+    fresh = rng.standard_normal(1000).astype(np.float32)
+    with stream:
+        a.set(fresh)
+        g.replay(stream)
+        np.testing.assert_allclose(b.get(), fresh * 2 + 1, rtol=1e-6)
+
+
 # CuPy freeing a kernel module while another thread's global-mode capture is underway: CUDA
 # refuses the cuModuleUnload (the module stays loaded) and CuPy reports it from the
 # destructor as an ignored exception. Seen on H100s; any other ignored exception still fails.
@@ -229,12 +250,7 @@ def test_eight_threads_capturing_in_global_mode_fail_only_with_capture_errors(le
     lock = threading.Lock()
 
     def capture_then_replay(index: int, barrier) -> None:
-        stream = cupy.cuda.Stream(non_blocking=True)
-        rng = np.random.default_rng(index)
-        with stream:
-            a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
-            a * 2 + 1  # warm-up
-            stream.synchronize()
+        stream, rng, a = _warmed_input(index)
         barrier.wait()
         g, error = Graph(), None
         try:
@@ -251,11 +267,7 @@ def test_eight_threads_capturing_in_global_mode_fail_only_with_capture_errors(le
             assert isinstance(error, CaptureError), repr(error)
             assert "during capture" in str(error) or "capture" in str(error)
             return
-        fresh = rng.standard_normal(1000).astype(np.float32)
-        with stream:
-            a.set(fresh)
-            g.replay(stream)
-            np.testing.assert_allclose(b.get(), fresh * 2 + 1, rtol=1e-6)
+        _replays_like_numpy(g, stream, rng, a, b)
 
     for repeat in range(rounds):
         errors = run_threads(capture_then_replay, THREADS)
@@ -291,12 +303,7 @@ def test_seven_global_captures_a_neighbour_breaks_each_raise_a_capture_error(lev
             barrier.wait()
             barrier.wait()
             return
-        stream = cupy.cuda.Stream(non_blocking=True)
-        rng = np.random.default_rng(index)
-        with stream:
-            a = cupy.asarray(rng.standard_normal(1000).astype(np.float32))
-            a * 2 + 1  # warm-up
-            stream.synchronize()
+        stream, rng, a = _warmed_input(index)
         # A synchronization while another thread's global-mode capture is underway is
         # refused by CUDA inside CuPy, outside any capture: no thread captures before all
         # have warmed up.
@@ -316,11 +323,7 @@ def test_seven_global_captures_a_neighbour_breaks_each_raise_a_capture_error(lev
             assert isinstance(error, CaptureError), repr(error)
             assert "'global' mode" in str(error), str(error)
             return
-        fresh = rng.standard_normal(1000).astype(np.float32)
-        with stream:
-            a.set(fresh)
-            g.replay(stream)
-            np.testing.assert_allclose(b.get(), fresh * 2 + 1, rtol=1e-6)
+        _replays_like_numpy(g, stream, rng, a, b)
 
     for repeat in range(rounds):
         before = outcomes["CaptureError"]
