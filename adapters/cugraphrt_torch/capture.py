@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import TYPE_CHECKING, Literal, cast
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import cupy
 
@@ -42,6 +44,10 @@ _current_cupy_stream = cupy.cuda.get_current_stream
 # Torch graphs whose capture could not be ended cleanly: torch's allocator may still hold a
 # filter that points into them, so they must never be destroyed.
 _stranded: list = []
+
+
+def _no_graph() -> None:
+    return None
 
 
 class graph:
@@ -75,7 +81,9 @@ class graph:
     Attributes
     ----------
     torch_graph : torch.cuda.CUDAGraph or None
-        The torch graph that owns the capture, after a successful exit.
+        The torch graph that owns the capture, after a successful exit; None before, and
+        once ``cuda_graph`` let it go (reset, or garbage collected). A weak reference: the
+        Graph owns it, and destroys it as soon as it lets go.
 
     Examples
     --------
@@ -100,10 +108,14 @@ class graph:
         self.pool = pool
         self.capture_error_mode = capture_error_mode
         self.stream = stream
-        self.torch_graph = None
+        self._torch_graph: Callable[[], Any] = _no_graph
         self._replay: _Replay | None = None
         self._session: _Session | None = None
         self._contexts: contextlib.ExitStack | None = None
+
+    @property
+    def torch_graph(self):
+        return self._torch_graph()
 
     def __enter__(self) -> graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
@@ -134,7 +146,7 @@ class graph:
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
         try:
             if exc is None:
-                self.torch_graph = session.end()
+                self._torch_graph = weakref.ref(session.end())
                 self._replay = session.replay
                 return False
             session.abort(exc)
@@ -270,7 +282,7 @@ class _Session:
             raise
         replay = _Replay(self.torch_graph.replay, cuda_graph._handles, self.device)
         owner = _Owner(self.torch_graph, self.pool, self.mempool, replay)
-        instantiate = _Instantiate(self.torch_graph)
+        instantiate = _Instantiate(owner)
         try:
             exec_handle = 0 if cuda_graph._keep_graph else instantiate()
         except Exception as exc:
@@ -352,6 +364,12 @@ class _Owner:
     Released in that order, so that when the pool's last user goes, torch's MemPool is
     destroyed after the graph and returns the segments to the cugraphrt pool at once. The
     replay object is disarmed first: a GraphedModule may still hold it.
+
+    Everything else the adapter keeps reaches torch's graph through this owner or a weak
+    reference (``graph.torch_graph``, ``GraphedModule.torch_graph``, the collectives' reset
+    hook). So when the owner dies outside a capture, its finalizer's safe point finds the
+    graph and pool unused and destroys them then: the executable and the segments go back
+    when the user drops the graph, not as a cost of their next capture.
     """
 
     __slots__ = ("torch_graph", "pool", "mempool", "replay")
@@ -379,16 +397,22 @@ class _Owner:
 
 class _Instantiate:
     """(Re-)instantiate through torch, which destroys the executable it replaces; returns the
-    new ``cudaGraphExec_t``. The Graph drops it when it lets go of the torch graph (reset)."""
+    new ``cudaGraphExec_t``. The Graph drops it when it lets go of the torch graph (reset).
 
-    __slots__ = ("_torch_graph",)
+    It reaches torch's graph through the :class:`_Owner`, never directly: the owner must hold
+    the last reference besides the adapter's safe-point list, so that the graph dies in the
+    owner's finalizer and not at the next capture's safe point (see :class:`_Owner`).
+    """
 
-    def __init__(self, torch_graph) -> None:
-        self._torch_graph = torch_graph
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: _Owner) -> None:
+        self._owner = owner
 
     def __call__(self) -> int:
-        self._torch_graph.instantiate()
-        return int(self._torch_graph.raw_cuda_graph_exec())
+        torch_graph = self._owner.torch_graph
+        torch_graph.instantiate()
+        return int(torch_graph.raw_cuda_graph_exec())
 
 
 def _replay_after_reset() -> None:
