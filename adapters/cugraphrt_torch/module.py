@@ -195,7 +195,9 @@ class GraphedModule:
                  check: OutputCheck | None = None) -> None:
         self.module = module
         self.graph = cuda_graph
-        self._capture = capture  # owns no torch object: torch_graph reads through it
+        # torch_graph reads through the capture's weak reference. Its replay object does
+        # reach torch's graph, but the owner disarms it before letting the graph go.
+        self._capture = capture
         self.static_inputs = static_inputs
         self.static_outputs = outputs
         self._replay_obj = capture._replay
