@@ -16,7 +16,8 @@ def pytest_addoption(parser):
                           "enabled by CUGRAPHRT_STRESS=1")
     parser.addoption("--long", action="store_true", default=False,
                      help="run the long GPU tests (marked 'long': torchrun launches, Inductor "
-                          "compiles of the examples); also enabled by CUGRAPHRT_LONG=1")
+                          "compiles, the slowest examples, a real-model bench run); also "
+                          "enabled by CUGRAPHRT_LONG=1")
 
 
 def pytest_report_header(config):

@@ -61,6 +61,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.long  # a bench process building ResNet-50 and timing both models: about 25 s
 def test_quick_real_cg_and_resnet50_write_a_valid_report(tmp_path):
     path = tmp_path / "bench.json"
     proc = subprocess.run(

@@ -97,6 +97,15 @@ def linear_pair(seed=0):
     return graphed, control
 
 
+def backward_twice(*fns):
+    """Two seeded backward passes through each of ``fns`` (a graphed callable and its eager
+    control), with the same inputs for each: their gradients accumulate over both."""
+    for fn in fns:
+        for seed in (11, 12):
+            torch.manual_seed(seed)
+            fn(torch.randn(5, 8, dtype=F64)).pow(2).sum().backward()
+
+
 @pytest.fixture
 def relocations(monkeypatch):
     """Counts the gradients the guard had to move away from a static buffer."""
@@ -274,10 +283,7 @@ def test_two_backward_passes_accumulate_like_eager(grad_before, relocations):
     if grad_before == "zeros":  # zero_grad(set_to_none=False) after an earlier step
         for p in list(graphed.parameters()) + list(control.parameters()):
             p.grad = torch.zeros_like(p)
-    for fn in (rt, control):
-        for seed in (11, 12):
-            torch.manual_seed(seed)
-            fn(torch.randn(5, 8, dtype=F64)).pow(2).sum().backward()
+    backward_twice(rt, control)
     for p, pc in zip(graphed.parameters(), control.parameters(), strict=True):
         assert torch.equal(p.grad, pc.grad)
     # Only a .grad that adopted the first pass's gradient moves, once per parameter; an
@@ -290,10 +296,7 @@ def test_without_the_guard_accumulation_is_wrong(monkeypatch):
     monkeypatch.setattr(GradBuffers, "settle", lambda self, handed, leaves: None)
     graphed, control = linear_pair()
     rt = fake(graphed, torch.randn(5, 8, dtype=F64))
-    for fn in (rt, control):
-        for seed in (11, 12):
-            torch.manual_seed(seed)
-            fn(torch.randn(5, 8, dtype=F64)).pow(2).sum().backward()
+    backward_twice(rt, control)
     assert not torch.equal(graphed.weight.grad, control.weight.grad)
 
 
@@ -361,10 +364,7 @@ def test_without_storage_counts_every_gradient_is_copied(monkeypatch):
     graphed, control = linear_pair()
     rt = fake(graphed, torch.randn(5, 8, dtype=F64))
     assert all(rt._grads.copy)
-    for fn in (rt, control):
-        for seed in (11, 12):
-            torch.manual_seed(seed)
-            fn(torch.randn(5, 8, dtype=F64)).pow(2).sum().backward()
+    backward_twice(rt, control)
     assert torch.equal(graphed.weight.grad, control.weight.grad)
 
 

@@ -30,5 +30,6 @@ def test_graph_replays_after_torch_clears_its_blas_workspaces():
     _run("repro_blas_workspace.py")
 
 
+@pytest.mark.long  # two Inductor compiles in reduce-overhead mode: about 30 s
 def test_graph_module_and_reduce_overhead_of_two_models_coexist():
     _run("repro_compile_interop.py")

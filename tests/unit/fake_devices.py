@@ -82,7 +82,8 @@ class FakeDevices:
         self.launches.append((exec_handle, ptr, self.current))
 
     def current_stream(self, device: int = -1) -> Stream:
-        device = self.current if device < 0 else device
+        # CuPy's get_current_stream() asks CUDA for the current device; given one, it does not.
+        device = self.get_device() if device < 0 else device
         return Stream(0, -1) if self.null else self.streams[device]
 
     def use_null_stream(self) -> None:

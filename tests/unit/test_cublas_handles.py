@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
-import gc
 import threading
 
 from cugraphrt import _cublas
 
 
 def in_thread(fn):
+    """``fn()`` in a new thread, after which that thread has ended.
+
+    No gc.collect(): a thread's handles go back when CPython clears its thread-local storage,
+    before ``join()`` returns, by reference counting alone. (A collection per thread cost
+    about 0.5 s in a GPU suite's process, 26 s for the test of 50 threads.)
+    """
     result = []
     thread = threading.Thread(target=lambda: result.append(fn()))
     thread.start()
     thread.join()
-    gc.collect()
     return result[0]
 
 

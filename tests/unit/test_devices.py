@@ -139,7 +139,9 @@ def test_single_device_replay_takes_the_fast_path(monkeypatch):
     fake = FakeDevices(monkeypatch, count=1)
     assert not graphs._multi_device
     g = fake.graph(device=0, exec_handle=0xE1)
-    fake.use_null_stream()  # one device: even the null stream needs no device query
+    # One device: the replay names it in CuPy's stream lookup, which then asks CUDA nothing;
+    # even the null stream needs no device query.
+    fake.use_null_stream()
     g.replay()
     assert fake.launches == [(0xE1, 0, 0)] and fake.device_queries == 0
     assert g.device_id == 0 and graphs.Graph().device_id is None
