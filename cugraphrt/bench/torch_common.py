@@ -17,12 +17,23 @@ from .timing import device_sync, host_batch
 
 __all__ = ["torch_module", "adapter_module", "adapter_function", "mlp", "convnet",
            "release_torch", "HandGraph", "AdapterGraph", "on_stream", "reserved_growth",
-           "capture_batch", "one_kernel_replay", "WARMUP_ITERS", "CAPTURE_TARGET"]
+           "capture_batch", "one_kernel_replay", "WARMUP_ITERS", "CAPTURE_TARGET",
+           "CAPTURE_BUILDS"]
 
 WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
 #: The product target on capture time (issue 24): a build at most 5% over torch's, the
 #: median of interleaved builds, for every model (`capture_time` and the real models).
 CAPTURE_TARGET = 1.05
+#: Timed builds a side for every capture row, --quick included. A build's time varies by
+#: several percent (the host, the first capture on a stream), and on a busy host one build
+#: in five to ten takes twice the others. With two builds, one slow build decided the
+#: median. With five, one H100 run in three (2026-11-25) still read a spread of 0.77-1.96x
+#: and a median past the target. With nine, one ResNet-50 run in six missed (1.128x inside
+#: 0.82-1.35x, while its per-call row read 1.00x); so did one `capture_time` training row
+#: in four (1.18x inside 0.96-1.49x). With fifteen, three ResNet-50 runs in eight on one
+#: busy host missed, at 1.06-1.12x. 21 cost about 3 s more a model than fifteen, Llama's
+#: build being the longest.
+CAPTURE_BUILDS = 21
 
 
 def torch_module():

@@ -29,6 +29,7 @@ from .spec import (
 )
 from .timing import device_sync, gpu_batch, host_batch, single
 from .torch_common import (
+    CAPTURE_BUILDS,
     CAPTURE_TARGET,
     WARMUP_ITERS,
     AdapterGraph,
@@ -54,13 +55,6 @@ RESNET_BATCH = 8
 #: fp16 outputs of the same kernels: a wrong or stale replay is off by far more.
 RESNET_TOL = 1e-2
 DECODE_STEPS = 32
-#: Timed builds a side for the capture rows, --quick included: a build's time varies by
-#: several percent (the host, the first capture on a stream), and with two one slow build
-#: decided the median. With five, one run in three on an H100 (2026-11-25) still read a
-#: spread of 0.77-1.96x and a median past the target; with nine, one ResNet-50 run in six
-#: (1.128x inside 0.82-1.35x, while its per-call row read 1.00x). Fifteen cost about 2 s
-#: more a model.
-CAPTURE_BUILDS = 15
 
 
 def skip_reason(ctx: Context, *packages: str, in_quick: bool) -> str | None:

@@ -34,6 +34,7 @@ from .spec import (
 )
 from .timing import gpu_batch, host_batch, single
 from .torch_common import (
+    CAPTURE_BUILDS,
     CAPTURE_TARGET,
     WARMUP_ITERS,
     HandGraph,
@@ -266,9 +267,7 @@ def run_capture_time(ctx: Context) -> None:
             row.unavailable_all(str(exc))
             ctx.emit(row.build())
         return
-    # Builds vary by several percent (an H100 run read 0.84-1.14x around a 1.03x median with
-    # five): nine a side, at about 7 ms a build.
-    repeats = ctx.repeats(full=11, quick=9)
+    repeats = CAPTURE_BUILDS  # a build is 4-12 ms here: 21 a side cost about 0.5 s
     torch.manual_seed(0)
     base = mlp(torch, (512,) * 5).cuda()
     x = torch.randn(32, 512, device="cuda")
