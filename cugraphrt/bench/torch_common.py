@@ -97,11 +97,25 @@ def convnet(torch):
 
 
 def release_torch(torch) -> None:
-    """Drop garbage and cached memory of torch, cugraphrt and CuPy."""
+    """Drop garbage and cached memory of torch, cugraphrt and CuPy, and torch's cached cuBLAS
+    workspaces.
+
+    The workspaces: a hand graph captured on ``torch.cuda.graph``'s capture stream bakes in
+    the workspace torch cached for that stream, allocated from an earlier hand graph's pool.
+    Once that graph is dropped and ``empty_cache`` runs, the workspace is unmapped, and the
+    next hand graph replays into it. On an H100 (2026-11-25), four ResNet-50 hand graphs
+    built and dropped, then ``torch_infer``, faulted with an illegal address. That happened
+    with torch's hand graphs alone; after cugraphrt_torch builds it did not, because they
+    clear the cache around each capture (docs/torch.md). Clearing it here, after each
+    workload, keeps a reference from inheriting another workload's dropped workspace.
+    """
     import cupy
 
     gc.collect()
     torch.cuda.synchronize()
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
     torch.cuda.empty_cache()
     cugraphrt.empty_cache()
     cupy.get_default_memory_pool().free_all_blocks()
