@@ -252,8 +252,8 @@ class Graph:
         try:
             if _plain:  # one device, no pool checks: nothing to decide
                 # The one device is the graph's. Naming it spares the cudaGetDevice that
-                # CuPy's lookup of the current device's stream makes: 3-4% of a launch on
-                # H100 hosts (docs/performance.md). Before a capture, _device is -1 (the
+                # CuPy's lookup of the current device's stream makes: about 2% of a launch
+                # on an H100 host (docs/performance.md). Before a capture, _device is -1 (the
                 # current device) and _exec None: the TypeError below says why.
                 _launch(self._exec,
                         (_current_stream(self._device) if stream is None else stream).ptr)

@@ -30,9 +30,10 @@ CAPTURE_TARGET = 1.05
 #: median. With five, one H100 run in three (2026-11-25) still read a spread of 0.77-1.96x
 #: and a median past the target. With nine, one ResNet-50 run in six missed (1.128x inside
 #: 0.82-1.35x, while its per-call row read 1.00x); so did one `capture_time` training row
-#: in four (1.18x inside 0.96-1.49x). With fifteen, three ResNet-50 runs in eight on one
-#: busy host missed, at 1.06-1.12x. 21 cost about 3 s more a model than fifteen, Llama's
-#: build being the longest.
+#: in four (1.18x inside 0.96-1.49x). With fifteen, three of one busy host's four runs
+#: missed (1.06-1.12x). With 21, `--real` passed six runs of six, but ResNet-50 in
+#: `--quick` still missed four of six (docs/performance.md, fourth session). A `--real`
+#: run took 65-83 s with 15 or 21.
 CAPTURE_BUILDS = 21
 
 
