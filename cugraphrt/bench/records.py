@@ -138,7 +138,8 @@ class TargetResult(_Model):
     Attributes
     ----------
     ratio : float or None
-        ``system / reference`` medians; None when either cell has no value.
+        ``system / reference`` as :func:`cugraphrt.bench.spread.ratio` takes it (the
+        median over rounds of interleaved samples); None when either cell has no value.
     low, high : float or None
         The ratio's 95% paired bootstrap interval over the repeats
         (:mod:`cugraphrt.bench.spread`); None for single measurements.

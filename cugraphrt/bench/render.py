@@ -80,8 +80,9 @@ def render_table(report: BenchReport, descriptions: Mapping[str, str] | None = N
         blocks.append("\n".join(lines))
     if not blocks:
         return "no workload ran"
-    legend = ("medians over repeats; * = the row's reference; ratio = subject / reference "
-              "[95% interval over the repeats]")
+    legend = ("medians over repeats; * = the row's reference; ratio = subject / reference, "
+              "the median over rounds of the two measured side by side [95% interval over "
+              "the repeats]")
     return legend + "\n\n" + "\n\n".join(blocks)
 
 
@@ -131,10 +132,13 @@ def _cell(report: BenchReport, row: RowInfo, system: str, footnotes: list[str]) 
 def _ratio(report: BenchReport, row: RowInfo) -> str:
     subject = report.record(row.workload, row.metric, row.subject)
     reference = report.record(row.workload, row.metric, row.reference)
-    if subject is None or reference is None or reference.median <= 0:
+    if subject is None or reference is None:
+        return "-"
+    ratio = spread.ratio(subject, reference)
+    if ratio is None:
         return "-"
     interval = spread.ratio_interval(subject.samples, reference.samples)
-    text = f"{subject.median / reference.median:.2f}x"
+    text = f"{ratio:.2f}x"
     return f"{text} {spread.format_interval(interval)}" if interval else text
 
 
@@ -171,7 +175,8 @@ def plot_rows(report: BenchReport) -> list[RowInfo]:
 
 
 def write_plot(report: BenchReport, path: Path | str) -> None:
-    """A bar chart: per row, each system's median over the row's reference (log scale).
+    """A bar chart: per row, each system's ratio to the row's reference (log scale), the
+    ratio the table prints (:func:`spread.ratio`).
 
     Raises
     ------
@@ -196,9 +201,10 @@ def write_plot(report: BenchReport, path: Path | str) -> None:
             # plot_rows keeps only rows with a reference record
             reference = cast(BenchRecord,
                              report.record(row.workload, row.metric, row.reference))
-            if value is not None and value.median > 0:
+            height = None if value is None else spread.ratio(value, reference)
+            if height is not None and height > 0:
                 xs.append(j - 0.4 + width * (i + 0.5))
-                heights.append(value.median / reference.median)
+                heights.append(height)
         if xs:
             ax.bar(xs, heights, width, label=system)
     ax.axhline(1.0, color="black", linewidth=0.8)
@@ -206,7 +212,7 @@ def write_plot(report: BenchReport, path: Path | str) -> None:
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{r.workload}\n{r.metric}" for r in rows], rotation=45, ha="right",
                        fontsize=7)
-    ax.set_ylabel("median / the row's reference (lower is better)")
+    ax.set_ylabel("ratio to the row's reference (lower is better)")
     ax.set_title(f"cugraphrt bench, {report.device}, {report.created[:10]}")
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

@@ -309,10 +309,10 @@ def _verdict(report: BenchReport, target, metric: str, base: dict) -> TargetResu
         why = f"{note.status} ({note.message})" if note else "no value"
         return TargetResult(**base, metric=metric, ratio=None, status="N/A",
                             note=f"{missing}: {why}")
-    if reference.median <= 0:
+    ratio = spread.ratio(subject, reference)
+    if ratio is None:
         return TargetResult(**base, metric=metric, ratio=None, status="N/A",
                             note=f"{target.reference} is {reference.median}")
-    ratio = subject.median / reference.median
     interval = spread.ratio_interval(subject.samples, reference.samples)
     low, high = interval if interval is not None else (None, None)
     return TargetResult(**base, metric=metric, ratio=ratio, low=low, high=high,

@@ -166,7 +166,7 @@ class Target:
     system, reference : str
         Columns of the ratio.
     threshold : float
-        The bound on the ratio of medians.
+        The bound on the row's ratio (:func:`cugraphrt.bench.spread.ratio`).
     direction : {"at_most", "at_least"}
         ``at_most`` for lower-is-better metrics (every metric of this benchmark).
     metric : str or None

@@ -70,7 +70,8 @@ def test_measured_rows_and_the_speedup_target(monkeypatch):
                                  [workloads_distributed.DDP], created="now", device="test",
                                  versions={}, quick=False, elapsed_s=1.0)
     (target,) = report.targets
-    assert target.status == "PASS" and target.ratio == pytest.approx(150 / 305)
+    # the median of the per-round ratios 150/300, 151/310, 149/305
+    assert target.status == "PASS" and target.ratio == pytest.approx(149 / 305)
     slow = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [250e-6]}, "tp": TP}
     row = _row(monkeypatch, 2, launch=lambda: slow)
     report = runner.build_report([(workloads_distributed.DDP, [row], None)],
