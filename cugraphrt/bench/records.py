@@ -180,6 +180,9 @@ class BenchReport(_Model):
         Wall time of the whole run.
     quick : bool
         Whether ``--quick`` was given.
+    workload_s : dict of str to float
+        Wall seconds of each workload that ran, in run order (empty in reports written
+        before they were kept).
     """
 
     created: str
@@ -187,6 +190,7 @@ class BenchReport(_Model):
     versions: dict[str, str]
     quick: bool
     elapsed_s: float = Field(ge=0)
+    workload_s: dict[str, float] = {}
     rows: list[RowInfo] = []
     records: list[BenchRecord] = []
     notes: list[CellNote] = []

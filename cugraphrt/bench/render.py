@@ -46,9 +46,18 @@ def render_report(report: BenchReport, descriptions: Mapping[str, str] | None = 
               f"run: {report.created}, {report.elapsed_s:.1f} s{mode}"]
     if report.quick and quick_budget_s is not None and report.elapsed_s > quick_budget_s:
         footer.append(f"warning: the --quick run took {report.elapsed_s:.0f} s, over its "
-                      f"{quick_budget_s:.0f} s budget")
+                      f"{quick_budget_s:.0f} s budget{_slowest(report)}")
     parts.append("\n".join(footer))
     return "\n\n".join(p for p in parts if p)
+
+
+def _slowest(report: BenchReport, count: int = 3) -> str:
+    """`` (slowest: a 31 s, b 22 s, c 9 s)``: where a run's time went, or ``""`` when the
+    report has no per-workload times."""
+    slowest = sorted(report.workload_s.items(), key=lambda item: -item[1])[:count]
+    if not slowest:
+        return ""
+    return " (slowest: " + ", ".join(f"{name} {s:.0f} s" for name, s in slowest) + ")"
 
 
 def _workload_order(report: BenchReport) -> list[str]:

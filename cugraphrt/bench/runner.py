@@ -13,7 +13,7 @@ import gc
 import importlib.util
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from time import perf_counter
@@ -203,8 +203,10 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
     start = perf_counter()
     device = device_name()
     results: list[tuple[Workload, list[Row], str | None]] = []
+    seconds: dict[str, float] = {}
     for index, workload in enumerate(workloads):
         progress.begin(index, workload.name)
+        began = perf_counter()
         ctx = Context(quick=quick, selected=workload.name in named, progress=progress.step)
         error = None
         try:
@@ -217,14 +219,15 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
         results.append((workload, ctx.rows, error))
         progress.end("crashed" if error else "done")
         _settle()
+        seconds[workload.name] = perf_counter() - began
         if checkpoint is not None:
             checkpoint(build_report(results, workloads, created=created, device=device,
                                     versions=collect_versions(), quick=quick,
-                                    elapsed_s=perf_counter() - start))
+                                    elapsed_s=perf_counter() - start, workload_s=seconds))
     progress.close()
     return build_report(results, workloads, created=created, device=device,
                         versions=collect_versions(), quick=quick,
-                        elapsed_s=perf_counter() - start)
+                        elapsed_s=perf_counter() - start, workload_s=seconds)
 
 
 def _settle() -> None:
@@ -242,16 +245,19 @@ def _settle() -> None:
 
 
 def build_report(results, workloads: Sequence[Workload], *, created: str, device: str,
-                 versions: dict[str, str], quick: bool, elapsed_s: float) -> BenchReport:
+                 versions: dict[str, str], quick: bool, elapsed_s: float,
+                 workload_s: Mapping[str, float] | None = None) -> BenchReport:
     """Turn the workloads' rows into a :class:`BenchReport` and evaluate the targets.
 
     Parameters
     ----------
     results : list of (Workload, list of Row, str or None)
         Per workload, its rows and its crash message.
+    workload_s : mapping of str to float, optional
+        Wall seconds of each workload run.
     """
     report = BenchReport(created=created, device=device, versions=versions, quick=quick,
-                         elapsed_s=elapsed_s)
+                         elapsed_s=elapsed_s, workload_s=dict(workload_s or {}))
     for workload, rows, error in results:
         for row in rows:
             _add_row(report, workload.name, row)

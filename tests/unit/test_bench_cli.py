@@ -270,6 +270,11 @@ def test_render_report_footer_and_quick_budget_warning():
     assert "versions: cupy 14.2.0" in text
     assert "warning: the --quick run took 75 s, over its 60 s budget" in text
     assert "warning" not in render_report(_demo_report(), quick_budget_s=60.0)
+    timed = report.model_copy(update={"workload_s": {"a": 4.0, "b": 41.4, "c": 20.0, "d": 9.6}})
+    assert ("warning: the --quick run took 75 s, over its 60 s budget (slowest: b 41 s, c 20 s, "
+            "d 10 s)") in render_report(timed, quick_budget_s=60.0)
+    again = BenchReport.model_validate_json(timed.model_dump_json())
+    assert list(again.workload_s) == ["a", "b", "c", "d"]  # run order survives the JSON
 
 
 @pytest.mark.parametrize("value, text", [
@@ -567,3 +572,28 @@ def test_torch_workloads_without_torch_give_na_rows_not_crashes(monkeypatch):
     assert not report.failed
     assert "n/a (torch not installed)" in render_table(report)
     assert {t.status for t in report.targets} == {"N/A"}
+
+
+def test_run_workloads_keeps_each_workloads_wall_time_in_run_order(monkeypatch):
+    monkeypatch.setattr(runner, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    now = [100.0]  # a clock that moves only when a workload says so
+    monkeypatch.setattr(runner, "perf_counter", lambda: now[0])
+
+    def takes(seconds, error=None):
+        def run(ctx):
+            now[0] += seconds
+            if error:
+                raise ValueError(error)
+        return run
+
+    slow = Workload("slow", "demo", ("ours", "ref"), "ref", (), takes(2.5))
+    crashing = Workload("crashing", "demo", ("ours", "ref"), "ref", (), takes(6.0, "boom"))
+    seen = []
+    report = runner.run_workloads([slow, crashing], quick=True,
+                                  checkpoint=lambda partial: seen.append(dict(partial.workload_s)))
+    assert report.workload_s == {"slow": 2.5, "crashing": 6.0}  # a crash is timed too
+    assert list(report.workload_s) == ["slow", "crashing"]
+    assert seen == [{"slow": 2.5}, {"slow": 2.5, "crashing": 6.0}]
+    assert [e.workload for e in report.errors] == ["crashing"]
+    assert report.elapsed_s == 8.5
