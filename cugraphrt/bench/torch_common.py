@@ -216,16 +216,38 @@ def capture_batch(torch, prepare, build, grad: bool = False) -> float:
     ``prepare`` (a model copy, say) is not timed; what ``build`` returns is dropped and
     collected afterwards, so its teardown is not timed either.
     """
-    model = prepare()
-    with torch.set_grad_enabled(grad):
-        device_sync()
-        start = perf_counter()
-        graphed = build(model)
-        device_sync()
-        seconds = perf_counter() - start
-    del graphed, model
-    gc.collect()
+    with _collecting_only_new_objects():
+        model = prepare()
+        with torch.set_grad_enabled(grad):
+            device_sync()
+            start = perf_counter()
+            graphed = build(model)
+            device_sync()
+            seconds = perf_counter() - start
+        del graphed, model
+        gc.collect()
     return seconds
+
+
+@contextlib.contextmanager
+def _collecting_only_new_objects():
+    """Freeze every object alive on entry (``gc.freeze``) and unfreeze them on exit.
+
+    A full collection then scans only what the block created. The bench collects after each
+    build, and once torch.compile has run in the process, a full collection of everything
+    costs about a third of a second: on an H100 (2026-11-25), ``capture_time`` took 30 s
+    for about 1 s of builds, and ``real_resnet50`` 17 s. A collection that starts during a
+    build skips the frozen objects too, for both systems alike. When something else froze
+    objects already, this does nothing: unfreezing would release theirs too.
+    """
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 # -- replay (torch column) -----------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import weakref
 from types import SimpleNamespace
 
 import cupy
@@ -41,3 +44,48 @@ def test_release_works_with_a_torch_that_cannot_clear_its_workspaces(monkeypatch
     torch_common.release_torch(fake_torch(calls, with_clear=False))
     assert calls == ["synchronize", "torch empty_cache", "cugraphrt empty_cache",
                      "cupy free_all_blocks"]
+
+
+class _Cycle:
+    """A build's result that only the cycle collector can free."""
+
+    def __init__(self, freed: list[str]) -> None:
+        self.me = self
+        weakref.finalize(self, freed.append, "build freed")
+
+
+def _torch_for_builds():
+    return SimpleNamespace(set_grad_enabled=lambda grad: contextlib.nullcontext())
+
+
+def test_capture_batch_collects_the_builds_cycles_scanning_only_new_objects(monkeypatch):
+    monkeypatch.setattr(torch_common, "device_sync", lambda: None)
+    assert gc.get_freeze_count() == 0
+    old = [object() for _ in range(100)]  # a container alive before the build
+    frozen_during: list[int] = []
+    freed: list[str] = []
+
+    def build(model):
+        frozen_during.append(gc.get_freeze_count())
+        return _Cycle(freed)
+
+    seconds = torch_common.capture_batch(_torch_for_builds(), lambda: None, build)
+    assert seconds >= 0
+    assert frozen_during[0] > 0  # what lived before the build was frozen during it
+    assert freed == ["build freed"]  # the cycle was collected before capture_batch returned
+    assert gc.get_freeze_count() == 0  # and everything was unfrozen
+    assert len(old) == 100
+
+
+def test_capture_batch_leaves_objects_that_someone_else_froze_frozen(monkeypatch):
+    monkeypatch.setattr(torch_common, "device_sync", lambda: None)
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        freed: list[str] = []
+        torch_common.capture_batch(_torch_for_builds(), lambda: None,
+                                   lambda model: _Cycle(freed))
+        assert gc.get_freeze_count() >= before  # not unfrozen behind their back
+        assert freed == ["build freed"]
+    finally:
+        gc.unfreeze()
