@@ -36,12 +36,13 @@ def test_quick_replay_writes_a_valid_json_report(tmp_path):
     report = BenchReport.model_validate_json(path.read_text())
     assert report.quick and not report.errors
     assert {r.workload for r in report.rows} == {"replay"}
+    assert list(report.workload_s) == ["replay"] and report.workload_s["replay"] > 0
     systems = {r.system for r in report.records}
     assert {"cugraphrt", "cupy_graph", "cugraphrt_launcher"} <= systems, output
     for record in report.records:
         assert record.unit == "us"
         assert 0 < record.min <= record.median <= record.max < 1e4
-        assert record.repeats == 15 == len(record.samples)
+        assert record.repeats == 60 == len(record.samples)  # replay's --quick rounds
         assert record.device == report.device and record.versions["cupy"]
         assert record.versions["gpus"] and record.versions["cpu"]
     # Both rows divide by the same CuPy samples (one interleaved rotation).

@@ -60,7 +60,10 @@ def _torch_for_builds():
 
 def test_capture_batch_collects_the_builds_cycles_scanning_only_new_objects(monkeypatch):
     monkeypatch.setattr(torch_common, "device_sync", lambda: None)
-    assert gc.get_freeze_count() == 0
+    # Something in the GPU suite's process freezes a few hundred objects before this test
+    # runs (seen on an H100 host, 2026-11-25); capture_batch then leaves gc alone. Freezing
+    # is only a hint to the collector, so unfreezing them here changes no behaviour.
+    gc.unfreeze()
     old = [object() for _ in range(100)]  # a container alive before the build
     frozen_during: list[int] = []
     freed: list[str] = []
