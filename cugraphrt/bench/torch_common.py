@@ -240,9 +240,10 @@ def _collecting_only_new_objects():
     frozen objects too, for both systems alike, so an automatic full collection no longer
     adds a quarter of a second to one sample.
 
-    Objects that were frozen before are unfrozen on exit with the rest. A fresh ``python3``
-    on the GPU image had 375 objects frozen before cugraphrt was imported, so skipping the
-    freeze when some were frozen would skip it always (the first version did). Freezing is
+    Objects that were frozen before are unfrozen on exit with the rest. On the GPU image a
+    new ``python3`` process had 375 objects frozen by the time the bench started, by
+    something other than cugraphrt, so skipping the freeze when some were frozen would skip
+    it always (the first version did). Freezing is
     only a hint to the collector: unfreezing changes what a collection costs, never what it
     frees.
     """

@@ -77,8 +77,9 @@ def test_capture_batch_collects_the_builds_cycles_scanning_only_new_objects(monk
 
 
 def test_capture_batch_works_when_objects_were_frozen_before(monkeypatch):
-    # The GPU image's Python starts with objects frozen: the build's cycles must still be
-    # collected, and the process ends up with nothing frozen (a hint to the collector only).
+    # On the GPU image, processes have objects frozen before the bench runs: the build's
+    # cycles must still be collected, and the process ends up with nothing frozen (freezing
+    # is a hint to the collector only).
     monkeypatch.setattr(torch_common, "device_sync", lambda: None)
     gc.freeze()
     try:
