@@ -43,8 +43,7 @@ from .torch_common import (
 )
 
 __all__ = ["REAL_RESNET50", "REAL_LLAMA", "skip_reason", "rows_of", "emit_all",
-           "run_torch_rows", "US", "MS", "MiB", "ROTATION", "PER_CALL", "CAPTURE", "MEMORY",
-           "CAPTURE_BUILDS", "CAPTURE_TARGET"]
+           "run_torch_rows", "US", "MS", "MiB", "ROTATION", "PER_CALL", "CAPTURE", "MEMORY"]
 
 US, MS, MiB = 1e6, 1e3, float(1 << 20)
 ROTATION = 8

@@ -20,6 +20,8 @@ from .real_models import resnet
 from .spec import Context, RowBuilder, Target, Workload, cycling, verify
 from .timing import gpu_batch, host_batch, single
 from .torch_common import (
+    CAPTURE_BUILDS,
+    CAPTURE_TARGET,
     WARMUP_ITERS,
     adapter_function,
     capture_batch,
@@ -28,8 +30,6 @@ from .torch_common import (
 )
 from .workloads_real import (
     CAPTURE,
-    CAPTURE_BUILDS,
-    CAPTURE_TARGET,
     MEMORY,
     MS,
     PER_CALL,
