@@ -69,13 +69,18 @@ def ratio(subject: Measured, reference: Measured) -> float | None:
     s = np.asarray(subject.samples, dtype=np.float64)
     r = np.asarray(reference.samples, dtype=np.float64)
     if paired(s, r):
-        usable = r > 0
-        if usable.any():
-            return float(np.median(s[usable] / r[usable]))
-        return None
+        per_round = _per_round(s, r)
+        return None if per_round is None else float(np.median(per_round))
     if reference.median <= 0:
         return None
     return subject.median / reference.median
+
+
+def _per_round(s: np.ndarray, r: np.ndarray) -> np.ndarray | None:
+    """subject / reference round by round, leaving out rounds whose reference is not
+    positive; None when none is left."""
+    usable = r > 0
+    return s[usable] / r[usable] if usable.any() else None
 
 
 def ratio_interval(subject: Sequence[float],
@@ -102,10 +107,9 @@ def ratio_interval(subject: Sequence[float],
         return None
     rng = np.random.default_rng(_SEED)
     if paired(s, r):
-        usable = r > 0
-        if not usable.any():
+        per_round = _per_round(s, r)
+        if per_round is None:
             return None
-        per_round = s[usable] / r[usable]
         rounds = rng.integers(0, per_round.size, (RESAMPLES, per_round.size))
         ratios = np.median(per_round[rounds], axis=1)
     else:
