@@ -18,26 +18,31 @@ FAST = ["Graph.replay"]
 
 
 @pytest.mark.parametrize("count", [1, 2, 8])
+@pytest.mark.parametrize("null", [False, True], ids=["stream", "null"])
 def test_replay_on_the_graphs_device_is_one_frame_whatever_the_device_count(monkeypatch,
-                                                                            count):
+                                                                            count, null):
     fake = FakeDevices(monkeypatch, count=count)
+    if null:
+        fake.use_null_stream()  # device_id -1: it does not say which device is current
     g = fake.graph(device=0, exec_handle=0xE0)
     profile = call_profile(g.replay)
     assert profile.frames == FAST
-    assert profile.c_calls == ["get_current_stream", "cudaGraphLaunch"]
-    assert fake.launches == [(0xE0, 0x100, 0)]
+    if count == 1:  # the only device is the graph's: CUDA is asked nothing
+        assert profile.c_calls == ["get_current_stream", "cudaGraphLaunch"]
+        assert fake.device_queries == 0
+    else:  # which device is current, asked once (CuPy's own launch asks too), null or not
+        assert profile.c_calls == ["cudaGetDevice", "get_current_stream", "cudaGraphLaunch"]
+        assert fake.device_queries == 1
+    assert fake.launches == [(0xE0, 0 if null else 0x100, 0)]
 
 
-def test_null_stream_with_several_devices_asks_cuda_once(monkeypatch):
+def test_null_stream_with_another_device_current_switches(monkeypatch):
     fake = FakeDevices(monkeypatch, count=2)
-    fake.use_null_stream()  # device_id -1: it does not say which device is current
+    fake.use_null_stream()
     g = fake.graph(device=0, exec_handle=0xE0)
-    profile = call_profile(g.replay)
-    assert profile.frames == FAST
-    assert profile.c_calls == ["get_current_stream", "cudaGetDevice", "cudaGraphLaunch"]
     fake.current = 1  # the null stream of device 1 would be the wrong one: switch
     g.replay()
-    assert fake.launches == [(0xE0, 0, 0), (0xE0, 0, 0)] and fake.current == 1
+    assert fake.launches == [(0xE0, 0, 0)] and fake.current == 1
 
 
 def test_explicit_stream_of_the_graphs_device(monkeypatch):
