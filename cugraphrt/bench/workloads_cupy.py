@@ -8,6 +8,7 @@ is timed: a fast graph that computes something else must not make the table.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 from time import perf_counter
@@ -18,6 +19,7 @@ import numpy as np
 import cugraphrt
 from cugraphrt._blocks import ALIGNMENT
 
+from .several_devices import several_devices_path
 from .spec import (
     Context,
     Row,
@@ -91,8 +93,10 @@ def _gpu_batch(launch, stream, calls: int, *kept) -> float:
 
 # -- replay ----------------------------------------------------------------------------------
 
-REPLAY_SYSTEMS = ("cugraphrt", "cupy_graph", "torch_graph", "cugraphrt_launcher")
+REPLAY_SYSTEMS = ("cugraphrt", "cupy_graph", "torch_graph", "cugraphrt_launcher",
+                  "cugraphrt_several")
 REPLAY_METRIC, LAUNCHER_METRIC = "graph launch", "launcher"
+SEVERAL_METRIC = "graph launch, several devices"
 
 
 def run_replay(ctx: Context) -> None:
@@ -107,6 +111,8 @@ def run_replay(ctx: Context) -> None:
     replay = RowBuilder(REPLAY_METRIC, "us", REPLAY_SYSTEMS[:3], "cupy_graph", "cugraphrt")
     launcher = RowBuilder(LAUNCHER_METRIC, "us", ("cugraphrt_launcher", "cupy_graph"),
                           "cupy_graph", "cugraphrt_launcher")
+    several = RowBuilder(SEVERAL_METRIC, "us", ("cugraphrt_several", "cupy_graph"),
+                         "cupy_graph", "cugraphrt_several")
     ctx.step("capture")
     batches = {
         "cugraphrt": replay.setup("cugraphrt",
@@ -117,14 +123,18 @@ def run_replay(ctx: Context) -> None:
         "cugraphrt_launcher": launcher.setup(
             "cugraphrt_launcher",
             lambda: _one_kernel(cugraphrt_capture, stream, calls, launcher=True)),
+        "cugraphrt_several": several.setup(
+            "cugraphrt_several",
+            lambda: _one_kernel(cugraphrt_capture, stream, calls, several=True)),
     }
     ctx.step("measure")
-    measure_together((replay, launcher), batches, repeats, scale=US)
+    measure_together((replay, launcher, several), batches, repeats, scale=US)
     ctx.emit(replay.build())
     ctx.emit(launcher.build())
+    ctx.emit(several.build())
 
 
-def _one_kernel(capture, stream, calls: int, launcher: bool = False):
+def _one_kernel(capture, stream, calls: int, launcher: bool = False, several: bool = False):
     x = random_array(1024, seed=1)
     with stream:
         cupy.add(x, 1, out=x)  # compile and load the kernel before capturing it
@@ -135,10 +145,16 @@ def _one_kernel(capture, stream, calls: int, launcher: bool = False):
         launch = graph.replay if isinstance(graph, cugraphrt.Graph) else graph.launch
     with stream:
         before = x.copy()
-        launch()  # one launch adds exactly 1: the timed call does the captured work
+        with several_devices_path() if several else contextlib.nullcontext():
+            launch()  # one launch adds exactly 1: the timed call does the captured work
     stream.synchronize()
     check_close(cupy.asnumpy(x), cupy.asnumpy(before) + 1, "one-kernel launch", tol=1e-7)
-    return keep(_launch_batch, launch, stream, calls, x, graph)
+    return keep(_several_batch if several else _launch_batch, launch, stream, calls, x, graph)
+
+
+def _several_batch(launch, stream, calls: int, *kept) -> float:
+    with several_devices_path(), stream:
+        return host_batch(launch, calls)
 
 
 def _torch_one_kernel(calls: int):
@@ -414,10 +430,13 @@ def release_memory() -> None:
 
 REPLAY = Workload(
     "replay", "one-kernel graph launched from Python; host time per launch; rows: "
-    "Graph.replay() and Graph.launcher()'s launcher, each against CuPy's Graph.launch",
+    "Graph.replay(), Graph.launcher()'s launcher, and Graph.replay() down the path of a "
+    "process that sees several GPUs (emulated where it sees one), each against CuPy's "
+    "Graph.launch",
     REPLAY_SYSTEMS, "cupy_graph",
     (Target("cugraphrt", "cupy_graph", 1.15, metric=REPLAY_METRIC),
-     Target("cugraphrt_launcher", "cupy_graph", 1.00, metric=LAUNCHER_METRIC)), run_replay)
+     Target("cugraphrt_launcher", "cupy_graph", 1.00, metric=LAUNCHER_METRIC),
+     Target("cugraphrt_several", "cupy_graph", 1.15, metric=SEVERAL_METRIC)), run_replay)
 CHAIN = Workload(
     "chain", "200 chained elementwise updates on 1024 floats; wall time per call",
     CHAIN_SYSTEMS, "cupy_graph", (Target("cugraphrt", "cupy_graph", 1.02),), run_chain)

@@ -38,20 +38,23 @@ def test_quick_replay_writes_a_valid_json_report(tmp_path):
     assert {r.workload for r in report.rows} == {"replay"}
     assert list(report.workload_s) == ["replay"] and report.workload_s["replay"] > 0
     systems = {r.system for r in report.records}
-    assert {"cugraphrt", "cupy_graph", "cugraphrt_launcher"} <= systems, output
+    assert {"cugraphrt", "cupy_graph", "cugraphrt_launcher", "cugraphrt_several"} <= systems, \
+        output
     for record in report.records:
         assert record.unit == "us"
         assert 0 < record.min <= record.median <= record.max < 1e4
         assert record.repeats == 60 == len(record.samples)  # replay's --quick rounds
         assert record.device == report.device and record.versions["cupy"]
         assert record.versions["gpus"] and record.versions["cpu"]
-    # Both rows divide by the same CuPy samples (one interleaved rotation).
+    # The three rows divide by the same CuPy samples (one interleaved rotation).
     cupy_cells = [r for r in report.records if r.system == "cupy_graph"]
-    assert len(cupy_cells) == 2 and cupy_cells[0].samples == cupy_cells[1].samples
+    assert len(cupy_cells) == 3
+    assert cupy_cells[0].samples == cupy_cells[1].samples == cupy_cells[2].samples
     verdicts = {t.metric: t for t in report.targets if t.workload == "replay"}
-    assert set(verdicts) == {"graph launch", "launcher"}
+    assert set(verdicts) == {"graph launch", "launcher", "graph launch, several devices"}
     for verdict in verdicts.values():
         assert verdict.status in ("PASS", "MISS") and verdict.ratio > 0
         assert verdict.low <= verdict.ratio <= verdict.high
     assert "replay: " in proc.stdout and "cugraphrt / cupy_graph" in proc.stdout
     assert "cugraphrt_launcher / cupy_graph" in proc.stdout
+    assert "cugraphrt_several / cupy_graph" in proc.stdout

@@ -125,3 +125,31 @@ def test_pool_order_checks_still_run_on_every_replay(three_graphs_one_pool):
         a.replay(Stream(0x100, device_id=0))  # also with an explicit stream
         c.replay()  # skips graph #2: refused before the launch
     assert [launch[0] for launch in fake.launches] == [0xA, 0xB, 0xB, 0xC, 0xA, 0xB, 0xA]
+
+
+def test_the_bench_runs_the_several_device_path_in_a_one_device_process(monkeypatch):
+    from cugraphrt.bench.several_devices import several_devices_path
+
+    fake = FakeDevices(monkeypatch, count=1)
+    g = fake.graph(device=0, exec_handle=0xE0)
+    with several_devices_path():
+        profile = call_profile(g.replay)
+    assert profile.frames == FAST
+    assert profile.c_calls == ["cudaGetDevice", "get_current_stream", "cudaGraphLaunch"]
+    assert fake.launches == [(0xE0, 0x100, 0)]
+    assert graphs._plain and not graphs._multi_device  # the one-device path is back
+    assert call_profile(g.replay).c_calls == ["get_current_stream", "cudaGraphLaunch"]
+    with pytest.raises(KeyError), several_devices_path():
+        raise KeyError("a failed batch")
+    assert graphs._plain and not graphs._multi_device
+
+
+def test_the_several_device_path_still_switches_to_the_graphs_device(monkeypatch):
+    from cugraphrt.bench.several_devices import several_devices_path
+
+    fake = FakeDevices(monkeypatch, count=2)  # the flags are set already: nothing changes
+    g = fake.graph(device=1, exec_handle=0xE1)
+    with several_devices_path():
+        g.replay()
+    assert fake.launches == [(0xE1, 0x101, 1)] and fake.current == 0
+    assert graphs._multi_device and not graphs._plain
