@@ -265,7 +265,7 @@ class Graph:
                 # of the graph's device by number. CuPy's own lookup of the current stream
                 # asks CUDA too, and the null and per-thread streams (device_id -1) would
                 # need a second query. This path, run on one H100 with the flags set by hand,
-                # cut a null-stream replay from 1.13-1.25x CuPy's launch to 1.10-1.19x
+                # cut a null-stream replay from 1.13-1.25x CuPy's launch to 1.09-1.19x
                 # (docs/performance.md).
                 if _get_device() != self._device:
                     return self._replay_checked(None)
