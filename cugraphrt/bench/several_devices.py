@@ -25,10 +25,16 @@ __all__ = ["several_devices_path"]
 
 @contextmanager
 def several_devices_path() -> Iterator[None]:
-    """Replays inside take the several-device path; the flags come back on exit."""
-    saved = graphs._multi_device, graphs._plain
-    graphs._multi_device, graphs._plain = True, False
+    """Replays inside take the several-device path; the flag comes back on exit.
+
+    Only ``_multi_device`` is set here: ``_plain`` follows from it and the pool checks by
+    the rule graphs keeps in ``_set_checks_enabled``.
+    """
+    saved = graphs._multi_device
+    graphs._multi_device = True
+    graphs._set_checks_enabled(graphs._pool_checks)
     try:
         yield
     finally:
-        graphs._multi_device, graphs._plain = saved
+        graphs._multi_device = saved
+        graphs._set_checks_enabled(graphs._pool_checks)

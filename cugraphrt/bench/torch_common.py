@@ -244,9 +244,8 @@ def _collecting_only_new_objects():
     Objects that were frozen before are unfrozen on exit with the rest. On the GPU image a
     new ``python3`` process had 375 objects frozen by the time the bench started, by
     something other than cugraphrt, so skipping the freeze when some were frozen would skip
-    it always (the first version did). Freezing is
-    only a hint to the collector: unfreezing changes what a collection costs, never what it
-    frees.
+    it always (the first version did). Freezing is only a hint to the collector:
+    unfreezing changes what a collection costs, never what it frees.
     """
     gc.freeze()
     try:

@@ -100,10 +100,11 @@ SEVERAL_METRIC = "graph launch, several devices"
 
 
 def run_replay(ctx: Context) -> None:
-    """Host time of one launch of a one-kernel graph from Python: ``Graph.replay()`` and
-    ``Graph.launcher()``'s launcher against CuPy's ``Graph.launch`` (and torch's replay), the
-    four interleaved in one rotation, so both rows divide by the same CuPy samples."""
-    # A round of the four systems takes about 1 ms, so 15 rounds (the old --quick count)
+    """Host time of one launch of a one-kernel graph from Python: ``Graph.replay()``,
+    ``Graph.launcher()``'s launcher and ``Graph.replay()`` down the several-device path
+    against CuPy's ``Graph.launch`` (and torch's replay), the five interleaved in one
+    rotation, so the three rows divide by the same CuPy samples."""
+    # A round of four systems took about 1 ms, so 15 rounds (the old --quick count)
     # spanned 15 ms: one burst of host activity covered most of them (an H100 host read the
     # launcher at 1.00x [0.77, 1.29] that way, then 0.92x [0.91, 0.94] in the next run).
     calls, repeats = 100, ctx.repeats(full=200, quick=60)
