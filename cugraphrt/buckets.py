@@ -99,12 +99,16 @@ class Bucketed:
     """A callable that replays the graph of the smallest bucket that fits each call.
 
     Built by the front ends; see :func:`cugraphrt.make_graphed` for the parameters.
+    ``capture(args, pool)`` captures one bucket's graph into ``pool``. The callbacks a front
+    end passes (``capture``, ``eager``, ``pad``, ``check``, ``trim``) must not reference the
+    front end object itself: it holds this one, and a cycle would keep every bucket's graph
+    alive until a garbage collection (docs/concepts.md, "Lifetimes").
     """
 
     def __init__(self, *, ops: ArrayOps, sample_args: tuple, buckets: Any,
                  dynamic_dim: int | Sequence[int | None], pad: Any, memory_budget: int | None,
                  strict: bool, pool: MemPool | None, copy_outputs: bool,
-                 capture: Callable[[tuple], CapturedBucket], eager: Callable[..., Any],
+                 capture: Callable[[tuple, MemPool], CapturedBucket], eager: Callable[..., Any],
                  name: str, trim: Callable[[], object] | None = None,
                  output_dims: Sequence[int | None] | None = None,
                  check: Callable[[MemPool], OutputCheck | None] | None = None) -> None:
@@ -273,7 +277,7 @@ class Bucketed:
         before = pool.stats().reserved_bytes
         start = perf_counter()
         args = _tree.unflatten(self._spec, self._bucket_leaves(bucket.size))
-        entry = self._capture_fn(args)
+        entry = self._capture_fn(args, pool)
         bucket.capture_seconds += perf_counter() - start
         bucket.captures += 1
         bucket.entry = entry

@@ -5,11 +5,12 @@ function of its own until its first replay, which exchanges the collectives with
 ranks (:func:`cugraphrt.crossrank.verify`) and then installs the steady replay: the plain
 launch, or, with a collective timeout set, the launch followed by one event for the
 watchdog (:mod:`cugraphrt.collective_watchdog`). Graphs without collectives are never
-touched, and with the watchdog off the steady replay of a core graph is the class's own.
+touched, and with the watchdog off the steady replay of a core graph is its plain launch.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -63,19 +64,25 @@ def first_replay(log: CollectiveLog, launch: Callable, install: Callable[[Callab
 
 
 def arm_graph(graph: Any, log: CollectiveLog) -> None:
-    """Arm a core :class:`cugraphrt.Graph` through its per-instance ``replay`` override."""
+    """Arm a core :class:`cugraphrt.Graph` through its route (``Graph._set_route``).
+
+    The route reaches the graph through a weak reference: the graph holds its route, and
+    ``g.replay`` (which holds the graph) is the only way in.
+    """
     log.seal()
     track(graph, log)
     device = graph.device_id
-    launch = type(graph).replay.__get__(graph)
+    ref: Callable[[], Any] = weakref.ref(graph)
+
+    def launch(stream=None) -> None:
+        ref()._launch_own(stream)  # alive: the replay that called the route holds it
 
     def install(steady: Callable) -> None:
-        if steady is launch:
-            graph.__dict__.pop("replay", None)  # the class's replay again: no cost at all
-        else:
-            graph.__dict__["replay"] = steady
+        target = ref()
+        if target is not None:
+            target._set_route(None if steady is launch else steady)
 
     def stream_of(stream=None) -> int:
         return stream_ptr(stream, device)
 
-    graph.__dict__["replay"] = first_replay(log, launch, install, stream_of, device)
+    graph._set_route(first_replay(log, launch, install, stream_of, device))

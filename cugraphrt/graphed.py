@@ -337,16 +337,16 @@ class BucketedFunction(Bucketed):
         self.__wrapped__ = fn
         name = getattr(fn, "__name__", type(fn).__name__)
         # Buckets are captured on first use: on the samples' device, whatever is current.
-        self._device = cupy.cuda.runtime.getDevice()
+        self._device = device = cupy.cuda.runtime.getDevice()
         _graphs._note_devices()
 
-        def capture(args: tuple) -> CapturedBucket:
-            with _on_device(self._device):  # capture_all() may run under another device
+        def capture(args: tuple, pool: MemPool) -> CapturedBucket:
+            with _on_device(device):  # capture_all() may run under another device
                 _warm_up(fn, args, num_warmup_iters)
                 cuda_graph = Graph()
-                with graph(cuda_graph, pool=self.pool):
+                with graph(cuda_graph, pool=pool):
                     outputs = fn(*args)
-            seq = order_for(self.pool).next_seq()  # before any other capture
+            seq = order_for(pool).next_seq()  # before any other capture
             # The bucket graphs of one pool may replay in any order (see cugraphrt.buckets):
             # launch directly, past the pool-order checks.
             exec_handle = cuda_graph.raw_graph_exec

@@ -84,7 +84,10 @@ class Graph:
         self._capture: _capture.Capture | None = None
         self._pool: MemPool | None = None
         self._captured = False
-        self._exec: int | None = None  # mirrors _handles.exec; None makes replay fail fast
+        # The executable replay() launches itself: _handles.exec, or None while there is none
+        # or while a route replays instead (the launch then fails fast into the checked path).
+        self._exec: int | None = None
+        self._route: Callable[..., None] | None = None
         self._orphan_guard: weakref.finalize | None = None
         self._device = -1  # the device of the capture; -1 before the first one
 
@@ -202,8 +205,9 @@ class Graph:
         """Adapter hook: the graph and executable belong to ``owner``, which frees them.
 
         Used by the PyTorch adapter, whose ``torch.cuda.CUDAGraph`` owns the handles; the
-        Graph keeps ``owner`` alive until :meth:`reset`. ``replay``, if given, replaces this
-        Graph's replay (PyTorch's replay also advances its RNG offsets). ``instantiate``
+        Graph keeps ``owner`` alive until :meth:`reset`. ``replay``, if given, becomes this
+        Graph's route (see :meth:`_set_route`): PyTorch's replay also advances its RNG
+        offsets. ``instantiate``
         (re-)instantiates through the owner, returning the executable (``exec_handle`` 0).
         """
         handles = self._handles
@@ -211,9 +215,22 @@ class Graph:
         handles.instantiate = instantiate
         handles.graph, handles.exec = graph_handle, exec_handle
         handles.keepalive.append(owner)
-        self._exec = exec_handle or None
-        if replay is not None:
-            self.__dict__["replay"] = replay  # per-instance override of the method
+        self._set_route(replay)
+
+    def _set_route(self, route: Callable[..., None] | None) -> None:
+        """Replay through ``route(stream=None)`` instead of launching the executable (None:
+        launch it). Used by adapters and by graphs holding collectives.
+
+        ``route`` must not reference this Graph (a weak reference at most): ``g.replay`` is
+        always the bound method, which holds the Graph, and the Graph holds the route, so a
+        strong reference back would make a cycle that only the garbage collector frees.
+        """
+        self._route = route
+        self._refresh_exec()
+
+    def _refresh_exec(self) -> None:
+        """``_exec`` follows the executable; None while a route replays instead."""
+        self._exec = (self._handles.exec or None) if self._route is None else None
 
     def _drop_orphan_guard(self) -> None:
         guard, self._orphan_guard = self._orphan_guard, None
@@ -252,37 +269,39 @@ class Graph:
         try:
             if _plain:  # one device, no pool checks: nothing to decide
                 # The one device is the graph's. Naming it spares the cudaGetDevice that
-                # CuPy's lookup of the current device's stream makes: about 2% of a launch
-                # on an H100 host (docs/performance.md). Before a capture, _device is -1 (the
-                # current device) and _exec None: the TypeError below says why.
+                # CuPy's lookup of the current device's stream makes (docs/performance.md).
                 _launch(self._exec,
                         (_current_stream(self._device) if stream is None else stream).ptr)
                 return
-            if _pool_checks:
-                return self._replay_checked(stream)
-            if stream is None:
-                # Ask CUDA which device is current once, then look up CuPy's current stream
-                # of the graph's device by number. CuPy's own lookup of the current stream
-                # asks CUDA too, and the null and per-thread streams (device_id -1) would
-                # need a second query. This path, run on one H100 with the flags set by hand,
-                # cut a null-stream replay from 1.13-1.25x CuPy's launch to 1.09-1.19x
-                # (docs/performance.md).
-                if _get_device() != self._device:
-                    return self._replay_checked(None)
-                _launch(self._exec, _current_stream(self._device).ptr)
-                return
-            # An explicit stream says its own device, not which device is current.
-            owner = stream.device_id
-            if owner != self._device and owner >= 0 or _get_device() != self._device:
-                return self._replay_checked(stream)
-            _launch(self._exec, stream.ptr)
-        except (TypeError, AttributeError):  # no executable yet, an int handle...: say which
-            self._replay_checked(stream)
+            if not _pool_checks:  # several devices: launch here only on the graph's own
+                # One device query, then CuPy's current stream of the graph's device by
+                # number (docs/performance.md, "Several devices").
+                if stream is None:
+                    if _get_device() == self._device:
+                        _launch(self._exec, _current_stream(self._device).ptr)
+                        return
+                else:  # an explicit stream says its own device, not which one is current
+                    owner = stream.device_id
+                    if (owner == self._device or owner < 0) and _get_device() == self._device:
+                        _launch(self._exec, stream.ptr)
+                        return
+        except (TypeError, AttributeError):
+            pass  # no executable to launch here (a route, none yet) or an int handle
         except _cuda.CUDARuntimeError as exc:
             raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
+        self._replay_checked(stream)
 
     def _replay_checked(self, stream) -> None:
-        """Replay with every check: the device switch, the stream's device, pool order."""
+        """Replay through the route, or launch with every check: the device switch, the
+        stream's device, pool order."""
+        route = self._route
+        if route is not None:
+            route(stream)
+            return
+        self._launch_own(stream)
+
+    def _launch_own(self, stream) -> None:
+        """Launch this Graph's executable with every check, whatever the route."""
         exec_handle = self._ready_exec("replay()")
         device = self._device
         if _multi_device and _cuda.current_device() != device:
@@ -293,14 +312,17 @@ class Graph:
 
     def _launch_checked(self, exec_handle: int, stream, device: int) -> None:
         ptr = stream_ptr(stream, device)
-        if not _pool_checks:
+        try:
+            if not _pool_checks:
+                _launch(exec_handle, ptr)
+                return
+            handles = self._handles
+            pool = cast(MemPool, handles.pool)  # the checked replay is chosen only with a pool
+            pool._check_replay(handles.seq, ptr)
             _launch(exec_handle, ptr)
-            return
-        handles = self._handles
-        pool = cast(MemPool, handles.pool)  # the checked replay is chosen only with a pool
-        pool._check_replay(handles.seq, ptr)
-        _launch(exec_handle, ptr)
-        pool._note_replay(handles.seq, ptr)
+            pool._note_replay(handles.seq, ptr)
+        except _cuda.CUDARuntimeError as exc:
+            raise _cuda.error_from_status(exc.status, "cudaGraphLaunch") from exc
 
     def launcher(self, stream=None) -> Launcher:
         """The graph's launch on one stream as a C-level callable, for hot loops.
@@ -342,9 +364,9 @@ class Graph:
                 f"{what} before a successful capture or after reset() (got an empty Graph); "
                 f"capture work into it first"
             )
-        if self._exec is None:
+        if not self._handles.exec:
             self._instantiate()
-        return cast(int, self._exec)  # _instantiate() sets it
+        return self._handles.exec
 
     def upload(self, stream=None) -> None:
         """Upload the executable graph to the device ahead of the first replay.
@@ -376,7 +398,8 @@ class Graph:
     def _instantiate(self) -> None:
         handles = self._handles
         if not handles.owned and handles.instantiate is not None:
-            self._exec = handles.exec = handles.instantiate()  # owner frees the old one
+            handles.exec = handles.instantiate()  # the owner frees the old one
+            self._refresh_exec()
             return
         if not handles.owned:
             raise CaptureError(
@@ -390,7 +413,7 @@ class Graph:
             self._exec = None
         with _on_device(self._device):  # the executable belongs to the graph's context
             handles.exec = _cuda.instantiate(handles.graph)
-        self._exec = handles.exec
+        self._refresh_exec()
         _launcher.arm_all(handles.launchers)
 
     # -- lifetime --------------------------------------------------------------------------
@@ -403,9 +426,8 @@ class Graph:
         if self._capture is not None:
             self._abort_capture(CaptureError("capture reset"))
         self._handles.release("reset")
-        self.__dict__.pop("replay", None)  # an adapter's replay, if one was adopted
         self._captured = False
-        self._exec = None
+        self._set_route(None)  # the executable is gone: _exec becomes None too
         self._pool = None
 
     @property

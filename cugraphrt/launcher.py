@@ -118,7 +118,7 @@ def for_graph(graph: Any, stream: object) -> Launcher:
             "cugraphrt_torch, whose torch.cuda.CUDAGraph owns it and whose replay also "
             "advances torch's RNG offsets, which a bare launch would skip); call g.replay() "
             "instead")
-    if "replay" in graph.__dict__:
+    if graph._route is not None:
         # A graph holding collectives replays through a function of its own until its
         # first replay has checked them across ranks, and for good while the collective
         # watchdog watches its replays (cugraphrt.collective_replay): a bare launch would

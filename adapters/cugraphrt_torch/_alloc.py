@@ -89,13 +89,13 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
     and a body is captured under an id of its own (see cugraphrt.control). So the body gets a
     torch MemPool of its own on this thread, built on the same allocator, and the body's
     capture id is served like the capture's. The MemPool lives as long as the graph (its
-    blocks are the body's memory on every replay).
+    blocks are the body's memory on every replay), and goes with it (:class:`_BodyPool`).
     """
     import torch
 
     with torch.cuda.device(capture.device_id):
         mempool = hold(torch.cuda.MemPool(allocator()))
-    capture.keepalive.append(mempool)
+    capture.keepalive.append(_BodyPool(mempool))
     with _lock:
         _underway[body_id] = _underway[capture.capture_id]
     try:
@@ -104,6 +104,24 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
     finally:
         with _lock:
             _underway.pop(body_id, None)
+
+
+class _BodyPool:
+    """A body's torch MemPool, kept by its graph. When the graph lets go, the MemPool is
+    released at the next safe point, now if no capture is underway: not as a cost of the
+    next capture, and not never (torch gives its segments back only once it is gone)."""
+
+    __slots__ = ("mempool",)
+
+    def __init__(self, mempool) -> None:
+        self.mempool = mempool
+
+    def __del__(self) -> None:
+        self.mempool = None
+        try:
+            sweep_when_safe()
+        except Exception:  # noqa: BLE001 - never raise from a finalizer
+            pass
 
 
 def pool_error(capture) -> BaseException | None:

@@ -33,6 +33,12 @@ graphs captured at or after ``seq`` in the same pool, and the guard settles only
 rule, and the per-pool list of what is pending, is :class:`cugraphrt._overwrites.OverwriteOrder`,
 which the check of overwritten forward outputs (:mod:`cugraphrt_torch._output_check`) shares:
 ``AliasGuard`` is its name here.
+
+The pool's pending list holds a :class:`_Watch` of the buffers, never the buffers: a graphed
+callable that is gone must not keep its static buffers, and through their segments its pool
+and the pool's guard, alive for good. Gradients it handed out that are still alive then alias
+memory the pool's earlier graphs overwrite: the watch moves them to a copy at the next
+settle, as it would have.
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ class GradBuffers:
         self.copy = [_use_count is None] * len(slots)
         self._any_copy = any(self.copy)
         self.storages: list[tuple[int, int, tuple[int, ...]]] = []
+        self.watch = _Watch(self)
         if _use_count is None:
             return
         members: dict[int, list[int]] = {}
@@ -186,6 +193,42 @@ class GradBuffers:
             UserWarning,
             stacklevel=4,
         )
+
+
+class _Watch:
+    """What a pool's pending list holds for one backward's gradients (see the module).
+
+    While the graphed callable lives, its :class:`GradBuffers` settle. Once it is gone, every
+    gradient it handed out that still aliases one of its buffers' storages is moved to a
+    copy: without the buffers no storage count can be read, so nothing tells a kept alias
+    from a dropped one but the alias itself.
+    """
+
+    __slots__ = ("buffers", "keys", "params")
+
+    def __init__(self, buffers: GradBuffers) -> None:
+        self.buffers = _ref(buffers)
+        self.keys = tuple(_storage_id(buffer) for buffer in buffers.buffers)
+        self.params = tuple(None if p is None else _ref(p) for p in buffers.params)
+
+    def settle(self, handed: tuple, leaves: tuple) -> None:
+        buffers = self.buffers()
+        if buffers is not None:
+            buffers.settle(handed, leaves)
+            return
+        for j, key in enumerate(self.keys):
+            holders = []
+            param_ref = self.params[j]
+            param = param_ref() if param_ref is not None else None
+            if param is not None:
+                holders.append(param.grad)
+            leaf = leaves[j]() if leaves and leaves[j] is not None else None
+            if leaf is not None:
+                holders.append(leaf.grad)
+            if handed and handed[j] is not None:
+                holders.append(handed[j]())
+            if key is not None:
+                GradBuffers._relocate(key, holders)
 
 
 def _baseline(key: int, held: Sequence[torch.Tensor]) -> int | None:

@@ -11,6 +11,8 @@ advances the RNG).
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -73,7 +75,9 @@ class GraphedCallable:
                  static_grad_outputs: Sequence, static_grad_inputs: Sequence,
                  autocast: tuple = (False, None), check: OutputCheck | None = None) -> None:
         self.name = name
-        self.__wrapped__ = fn
+        # A graphed module holds its new forward, which holds this object: the module is
+        # reached weakly (a cycle would keep the graphs alive until a garbage collection).
+        self._wrapped = _ref(fn) if isinstance(fn, torch.nn.Module) else (lambda: fn)
         self.forward_graph = forward_graph
         self.backward_graph = backward_graph
         self._args = args
@@ -186,7 +190,7 @@ class GraphedCallable:
         result = [None] * self._n_result
         handed = self._grads.hand_out(result)
         leaves = self._leaf_refs(ctx.leaves) if self._keep_leaves else ()
-        guard.record(self._bwd_seq, self._grads, handed, leaves)
+        guard.record(self._bwd_seq, self._grads.watch, handed, leaves)
         return tuple(result)
 
     def _leaf_refs(self, leaves) -> tuple:
@@ -211,6 +215,11 @@ class GraphedCallable:
     # -- introspection ---------------------------------------------------------------------
 
     @property
+    def __wrapped__(self) -> Callable | None:
+        """The callable that was graphed (None once a graphed module is gone)."""
+        return self._wrapped()
+
+    @property
     def static_inputs(self) -> tuple:
         return self._args.statics
 
@@ -232,11 +241,12 @@ def _replayer(cuda_graph) -> Callable[[], None]:
     """The graph's replay on torch's current stream, where autograd runs the Function.
 
     The adapter's ``Graph.replay()`` defaults to CuPy's current stream, which in a torch
-    training loop is not torch's (a loop under ``torch.cuda.stream(s)``); its replay object
-    offers the torch-stream form that ``graph_module`` uses too.
+    training loop is not torch's (a loop under ``torch.cuda.stream(s)``); the graph's route
+    (the adapter's replay object) offers the torch-stream form that ``graph_module`` uses
+    too. The callable holds the graph (``forward_graph``, ``backward_graph``), so the route
+    lives as long as it.
     """
-    replay = cuda_graph.replay
-    return getattr(replay, "on_torch_stream", replay)
+    return getattr(cuda_graph._route, "on_torch_stream", cuda_graph.replay)
 
 
 def _autocast_text(state: tuple) -> str:
@@ -244,17 +254,28 @@ def _autocast_text(state: tuple) -> str:
 
 
 def _function_for(rt: GraphedCallable) -> type[torch.autograd.Function]:
-    """The autograd Function of one graphed callable (forward and backward replays)."""
+    """The autograd Function of one graphed callable (forward and backward replays).
+
+    The Function reaches the callable weakly: the callable holds the Function, and a cycle
+    would keep its graphs alive until a garbage collection. Each call's autograd node holds
+    the callable (``ctx.runtime``), so a backward still to run keeps the graphs it replays.
+    """
+    runtime = _ref(rt)
+    # Named after the callable, so autograd's node reads "Graphed_LinearBackward".
+    name = "Graphed_" + "".join(c if c.isalnum() else "_" for c in rt.name)
+    del rt
 
     def backward_once(ctx, *grads):
-        return rt._backward(ctx, grads)
+        return ctx.runtime._backward(ctx, grads)
 
     # create_graph=True runs backward with grad mode on: then behave like torch's graphed
     # callables (first-order gradients, an error on differentiating them again).
     slow_backward = once_differentiable(backward_once)
 
     def forward(ctx, leaves, *tensors):
+        rt = runtime()  # alive: its __call__ is running
         out = rt._forward(leaves)
+        ctx.runtime = rt
         ctx.gen = rt._gen
         if rt._keep_leaves:
             ctx.leaves = leaves
@@ -268,10 +289,8 @@ def _function_for(rt: GraphedCallable) -> type[torch.autograd.Function]:
     def backward(ctx, *grads):
         if _grad_enabled():
             return slow_backward(ctx, *grads)
-        return rt._backward(ctx, grads)
+        return ctx.runtime._backward(ctx, grads)
 
-    # Named after the callable, so autograd's node reads "Graphed_LinearBackward".
-    name = "Graphed_" + "".join(c if c.isalnum() else "_" for c in rt.name)
     return cast("type[torch.autograd.Function]",
                 type(name, (torch.autograd.Function,),
                      {"forward": staticmethod(forward), "backward": staticmethod(backward)}))
@@ -280,15 +299,31 @@ def _function_for(rt: GraphedCallable) -> type[torch.autograd.Function]:
 def graphed_forward(rt: GraphedCallable, module: torch.nn.Module, original: Callable
                     ) -> Callable:
     """A module's new ``forward``: the graphs in the training mode of the capture, the
-    original forward in the other mode."""
+    original forward in the other mode.
+
+    It lives in the module's ``__dict__``, so it reaches the module weakly (and the module's
+    own forward as a plain function): a cycle would keep the graphs alive until a garbage
+    collection once the module is dropped.
+    """
     training = module.training
+    module_ref = _ref(module)
+    if getattr(original, "__self__", None) is module:
+        function = original.__func__  # type: ignore[attr-defined]
+
+        def run_original(*args: Any, **kwargs: Any) -> Any:
+            return function(module_ref(), *args, **kwargs)
+    else:
+        function = run_original = original
 
     def forward(*args: Any, **kwargs: Any) -> Any:
-        if module.training == training:
+        owner = module_ref()  # None only for a forward kept without its module
+        if owner is None or owner.training == training:
             return rt(*args, **kwargs)
-        return original(*args, **kwargs)
+        return run_original(*args, **kwargs)
 
     attrs: Any = forward  # function attributes, for inspection
     attrs.graphed = rt
-    attrs.__wrapped__ = original
+    attrs.__wrapped__ = function
+    with contextlib.suppress(TypeError, ValueError):  # the signature of the call, no self
+        attrs.__signature__ = inspect.signature(original)
     return forward

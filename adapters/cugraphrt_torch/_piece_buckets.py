@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -150,6 +150,45 @@ def _output_dims(gm: torch.fx.GraphModule, symbol) -> tuple[int | None, ...] | s
     return tuple(dims)
 
 
+class _Calls:
+    """What the bucket callbacks read: the plan, the compiled code and the current call's
+    arguments. Apart from :class:`PieceBuckets`, so that the core's callbacks do not hold
+    the object that holds the core (a cycle would keep the graphs until a collection)."""
+
+    __slots__ = ("plan", "compiled", "probe_index", "probe_dim", "args")
+
+    def __init__(self, plan: BucketPlan, compiled, probe_index: int, probe_dim: int) -> None:
+        self.plan = plan
+        self.compiled = compiled
+        self.probe_index = probe_index
+        self.probe_dim = probe_dim
+        self.args: list = []
+
+    def eager(self, *_: Any) -> Any:
+        return self.compiled(list(self.args))
+
+    def capture(self, bucket_args: tuple, pool: MemPool) -> CapturedBucket:
+        plan = self.plan
+        size = bucket_args[plan.copied.index(self.probe_index)].shape[self.probe_dim]
+        inputs = list(self.args)
+        for index, tensor in zip(plan.copied, bucket_args, strict=True):
+            inputs[index] = tensor
+        for index, expr in plan.sizes:
+            inputs[index] = int(expr.xreplace({plan.symbol: size}))
+        # A first run at this size loads whatever the compiled code launches differently
+        # for it; it writes nothing but its outputs (the piece mutates no input).
+        self.compiled(list(inputs))
+        cuda_graph = Graph()
+        session = _capture(cuda_graph, pool=pool, capture_error_mode="thread_local")
+        with session:
+            outputs = self.compiled(list(inputs))
+        seq = order_for(pool).next_seq()  # before any other capture
+        replay = session._replay
+        assert replay is not None
+        # Bucket graphs replay in any order (cugraphrt.buckets): past the pool-order checks.
+        return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
+
+
 class PieceBuckets:
     """The bucket graphs of one piece; :class:`~cugraphrt_torch._piece.Piece` calls them.
 
@@ -163,7 +202,6 @@ class PieceBuckets:
                  check_outputs: bool | None = None) -> None:
         self.plan = plan
         self.buckets = buckets
-        self._compiled = compiled
         self._name = name
         self._static = list(static)
         self._strict = strict
@@ -171,9 +209,9 @@ class PieceBuckets:
         self._check_outputs = check_outputs
         probe = next(i for i, dim in enumerate(plan.dims) if dim is not None)
         self._probe_index = plan.copied[probe]
-        self._probe_dim = plan.dims[probe]
+        self._probe_dim = cast(int, plan.dims[probe])  # the probe is a dynamic argument
+        self._calls = _Calls(plan, compiled, self._probe_index, self._probe_dim)
         self._core: Bucketed | None = None
-        self._args: list = []
         self.static_ptrs: list = []
 
     def serves(self, args: list) -> bool:
@@ -181,7 +219,7 @@ class PieceBuckets:
         return 0 < args[self._probe_index].shape[self._probe_dim] <= self.buckets[-1]
 
     def __call__(self, args: list, pool: MemPool) -> list:
-        self._args = args  # the capture and the eager fallback read statics and ints here
+        self._calls.args = args  # the capture and the eager fallback read statics and ints
         core = self._core
         if core is None:
             core = self._build(args, pool)
@@ -205,41 +243,20 @@ class PieceBuckets:
 
     def _build(self, args: list, pool: MemPool) -> Bucketed:
         self.static_ptrs = static_addresses(args, self._static)
+        check_outputs, name = self._check_outputs, self._name
+
+        def make(pool: MemPool):
+            return make_check(check_outputs, f"torch.compile piece '{name}', buckets",
+                              FIX_COMPILE, order_for(pool))
+
         self._core = Bucketed(
             ops=_TorchOps(), sample_args=tuple(args[i] for i in self.plan.copied),
             buckets=self.buckets, dynamic_dim=list(self.plan.dims), pad=0.0,
             memory_budget=None, strict=self._strict, pool=pool,
-            copy_outputs=self._copy_outputs, capture=self._capture,
-            eager=lambda *_: self._compiled(list(self._args)), name=self._name,
-            output_dims=self.plan.output_dims,
-            check=None if self._copy_outputs else self._make_check)
+            copy_outputs=self._copy_outputs, capture=self._calls.capture,
+            eager=self._calls.eager, name=self._name, output_dims=self.plan.output_dims,
+            check=None if self._copy_outputs else make)
         return self._core
-
-    def _make_check(self, pool: MemPool):
-        return make_check(self._check_outputs, f"torch.compile piece '{self._name}', buckets",
-                          FIX_COMPILE, order_for(pool))
-
-    def _capture(self, bucket_args: tuple) -> CapturedBucket:
-        plan = self.plan
-        size = bucket_args[plan.copied.index(self._probe_index)].shape[self._probe_dim]
-        inputs = list(self._args)
-        for index, tensor in zip(plan.copied, bucket_args, strict=True):
-            inputs[index] = tensor
-        for index, expr in plan.sizes:
-            inputs[index] = int(expr.xreplace({plan.symbol: size}))
-        # A first run at this size loads whatever the compiled code launches differently
-        # for it; it writes nothing but its outputs (the piece mutates no input).
-        self._compiled(list(inputs))
-        cuda_graph = Graph()
-        assert self._core is not None
-        session = _capture(cuda_graph, pool=self._core.pool, capture_error_mode="thread_local")
-        with session:
-            outputs = self._compiled(list(inputs))
-        seq = order_for(self._core.pool).next_seq()  # before any other capture
-        replay = session._replay
-        assert replay is not None
-        # Bucket graphs replay in any order (cugraphrt.buckets): past the pool-order checks.
-        return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
 
 
 def static_addresses(args: list, static: list[int]) -> list:

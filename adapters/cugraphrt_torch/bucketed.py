@@ -90,15 +90,17 @@ class BucketedModule:
         self._strict = strict
         self._device = device
 
-        def capture(args: tuple) -> CapturedBucket:
+        # The callbacks reach the module and the device, never self: self holds the core, and
+        # a cycle would keep the graphs alive until a garbage collection.
+        def capture(args: tuple, pool: MemPool) -> CapturedBucket:
             with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
                     cupy.cuda.Device(device):
                 warm_up(args)
                 cuda_graph = Graph()
-                session = graph(cuda_graph, pool=self._core.pool)
+                session = graph(cuda_graph, pool=pool)
                 with session:
                     outputs = module(*args)
-            seq = order_for(self._core.pool).next_seq()  # before any other capture
+            seq = order_for(pool).next_seq()  # before any other capture
             replay = session._replay
             assert replay is not None
             # Torch's own replay, on torch's current stream, past the pool-order checks: the

@@ -12,6 +12,12 @@ list of samples per system.
   (:mod:`cugraphrt.bench.tp_decoder`: 4 layers, bf16, two all-reduces per layer): eager,
   torch's own CUDA graph, cugraphrt, and cugraphrt with the hang watchdog on (what it
   costs).
+
+Each system's step is kept as a replay handle only (``functools.partial(g.replay, ...)``,
+with ``g`` rebound per system), as user code keeps them. Both rows end by checking that the
+graphs computed what eager does. ``--check`` runs the same code with one short round per
+system and prints ``OK bench-child rank=<r>`` instead of timings: the regression test of
+tests/distributed runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -31,24 +38,27 @@ DDP_SYSTEMS = ("ddp_eager", "cugraphrt_step")
 TP_SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_watched")
 _LAYERS, _WIDTH, _BATCH = 8, 256, 32
 _STEPS, _REPEATS, _WARMUP = 50, 7, 11  # DDP needs 11 eager steps before its capture
+_CHECK_STEPS, _CHECK_REPEATS = 3, 1  # --check: the same code, one short round
 _TP = Dims()
 _WATCHDOG_S = 120.0
 
 
-def _interleaved(torch: Any, systems: dict[str, Callable[[], None]], before=None
-                 ) -> dict[str, list[float]]:
-    """Seconds per step of each system: one batch of ``_STEPS`` each in turn, repeated."""
+def _interleaved(torch: Any, systems: dict[str, Callable[[], None]], loops: tuple[int, int],
+                 before=None) -> dict[str, list[float]]:
+    """Seconds per step of each system: one batch of ``steps`` each in turn, ``repeats``
+    times (``loops``)."""
+    steps, repeats = loops
     samples: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(_REPEATS):
+    for _ in range(repeats):
         for name, step in systems.items():
             if before is not None:
                 before(name)
             torch.cuda.synchronize()
             start = time.perf_counter()
-            for _ in range(_STEPS):
+            for _ in range(steps):
                 step()
             torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) / _STEPS)
+            samples[name].append((time.perf_counter() - start) / steps)
     return samples
 
 
@@ -63,7 +73,7 @@ def _on_capture_stream(torch: Any, fn: Callable[[], None], count: int) -> None:
     torch.cuda.current_stream().wait_stream(stream)
 
 
-def _ddp(torch: Any, device: Any) -> dict[str, list[float]]:
+def _ddp(torch: Any, device: Any, loops: tuple[int, int]) -> dict[str, list[float]]:
     import cugraphrt_torch
     from cugraphrt_torch.distributed import capture_stream
     from torch.nn.parallel import DistributedDataParallel
@@ -73,6 +83,7 @@ def _ddp(torch: Any, device: Any) -> dict[str, list[float]]:
     x = torch.randn(_BATCH, _WIDTH, device=device)
     y = torch.randn(_BATCH, _WIDTH, device=device)
     steps: dict[str, Callable[[], None]] = {}
+    models: dict[str, Any] = {}
     for system in DDP_SYSTEMS:
         torch.manual_seed(0)
         layers: list[Any] = []
@@ -89,6 +100,7 @@ def _ddp(torch: Any, device: Any) -> dict[str, list[float]]:
 
         _on_capture_stream(torch, step, _WARMUP)
         steps[system] = step
+        models[system] = model
         if system == "cugraphrt_step":
             opt.zero_grad(set_to_none=True)
             g = cugraphrt.Graph()
@@ -97,10 +109,18 @@ def _ddp(torch: Any, device: Any) -> dict[str, list[float]]:
                 opt.step()
             steps[system] = functools.partial(g.replay, torch.cuda.current_stream())
             steps[system]()  # the checked first replay
-    return _interleaved(torch, steps)
+    samples = _interleaved(torch, steps, loops)
+    # From the same weights, the graph took as many steps as eager plus its first replay.
+    steps["ddp_eager"]()
+    for (name, mine), theirs in zip(models["cugraphrt_step"].named_parameters(),
+                                    models["ddp_eager"].parameters(), strict=True):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, n=name: f"ddp {n}, graph vs eager: {m}")
+    return samples
 
 
-def _tp(torch: Any, rank: int, world: int, device: Any) -> dict[str, list[float]]:
+def _tp(torch: Any, rank: int, world: int, device: Any, loops: tuple[int, int]
+        ) -> dict[str, list[float]]:
     import cugraphrt_torch
     from cugraphrt_torch.distributed import capture_stream
 
@@ -133,7 +153,7 @@ def _tp(torch: Any, rank: int, world: int, device: Any) -> dict[str, list[float]
     def before(name: str) -> None:  # every batch starts from an empty cache
         decoders[name].reset()
 
-    samples = _interleaved(torch, steps, before)
+    samples = _interleaved(torch, steps, loops, before)
     # The replays computed what eager does (the same steps from position 0).
     decoders["eager"].reset()
     want = [decoders["eager"].step(x) for _ in range(4)]
@@ -147,8 +167,8 @@ def _tp(torch: Any, rank: int, world: int, device: Any) -> dict[str, list[float]
     return samples
 
 
-def main() -> None:
-    """Join the group, measure, report on rank 0, leave."""
+def main(check: bool = False) -> None:
+    """Join the group, measure, report on rank 0 (``check``: every rank says OK), leave."""
     import torch
     import torch.distributed as dist
     from cugraphrt_torch.distributed import check_capture
@@ -159,8 +179,11 @@ def main() -> None:
     dist.init_process_group("nccl", device_id=device)
     check_capture()
     rank, world = dist.get_rank(), dist.get_world_size()
-    results = {"ddp": _ddp(torch, device), "tp": _tp(torch, rank, world, device)}
-    if rank == 0:
+    loops = (_CHECK_STEPS, _CHECK_REPEATS) if check else (_STEPS, _REPEATS)
+    results = {"ddp": _ddp(torch, device, loops), "tp": _tp(torch, rank, world, device, loops)}
+    if check:
+        print(f"OK bench-child rank={rank}", flush=True)
+    elif rank == 0:
         print("RESULT " + json.dumps(results), flush=True)
     torch.cuda.synchronize()
     dist.barrier()
@@ -168,4 +191,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(check="--check" in sys.argv[1:])

@@ -56,12 +56,14 @@ def skip_unless_gpus(count: int = WORLD, library: str = "torch"):
 
 
 def launch(script: str, *args: str, nproc: int = WORLD, deadline_s: float = DEADLINE_S,
-           env: dict[str, str] | None = None) -> launcher.Launch:
-    """Run ``script`` (of this folder, or an absolute path) on ``nproc`` ranks."""
+           env: dict[str, str] | None = None, module: bool = False) -> launcher.Launch:
+    """Run ``script`` (of this folder, or an absolute path; a module's name with
+    ``module=True``) on ``nproc`` ranks."""
     base = launcher.environment(paths=[str(ROOT), str(ROOT / "adapters")])
     base.update(env or {})
-    return launcher.torchrun(str(HERE / script), args, nproc=nproc, deadline_s=deadline_s,
-                             env=base, cwd=str(ROOT))
+    target = script if module else str(HERE / script)
+    return launcher.torchrun(target, args, nproc=nproc, deadline_s=deadline_s, env=base,
+                             cwd=str(ROOT), module=module)
 
 
 def torchrun(script: str, *args: str, nproc: int = WORLD, **kwargs) -> str:

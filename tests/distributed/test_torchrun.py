@@ -89,3 +89,12 @@ def test_process_groups_go_and_processes_exit_with_graphs_alive(mode, nproc):
 def test_the_tensor_parallel_example_runs(nproc):
     out = torchrun(str(ROOT / "examples" / "distributed_tp_decode.py"), nproc=nproc)
     assert "equal to eager tensor parallelism; position 24" in out
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_the_distributed_bench_child_replays_kept_handles_like_eager(nproc):
+    """The code of ``cugraphrt bench --distributed`` in one short round: each system's graph
+    is kept only by its replay handle while ``g`` is rebound (it failed so once), and the
+    replays must equal eager DDP and the eager TP decoder."""
+    out = torchrun("cugraphrt.bench.distributed_child", "--check", nproc=nproc, module=True)
+    assert passed(out, "bench-child", nproc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+import weakref
 from collections import namedtuple
 
 import pytest
@@ -31,6 +32,7 @@ F64 = torch.float64
 class FakeGraph:
     def __init__(self, replay) -> None:
         self.replay = replay
+        self._route = None  # replayed by its own replay, as a CuPy graph is
 
 
 def _tensors(value, requiring_grad=False):
@@ -52,7 +54,8 @@ def fake_group(items, guard=None):
         module, args, kwargs, plan, outputs, fwd_seq = built[index]
         params = list(module.named_parameters()) if isinstance(module, torch.nn.Module) else []
         # Recompute with the forward of now: a graphed module's forward would call back here.
-        fn = module.forward if isinstance(module, torch.nn.Module) else module
+        # The module is reached weakly, as the real graphs do not reach it at all.
+        fn = _class_forward(module) if isinstance(module, torch.nn.Module) else module
         targets = [plan.statics[i] for i in plan.grad_indices] + [p for _, p in params]
         diff = [outputs.statics[k] for k in outputs.diff]
         grad_outs = [torch.zeros_like(o) for o in diff]
@@ -84,6 +87,11 @@ def fake_group(items, guard=None):
             param_names=[n for n, _ in params], static_grad_outputs=grad_outs,
             static_grad_inputs=grads)
     return runtimes
+
+
+def _class_forward(module):
+    ref, forward = weakref.ref(module), type(module).forward
+    return lambda *args, **kwargs: forward(ref(), *args, **kwargs)
 
 
 def fake(fn, *args, **kwargs):
@@ -490,3 +498,49 @@ def test_load_converts_floating_dtypes_like_torch_unless_strict():
     strict = ArgPlan((static,), {}, "f")
     with pytest.raises(ReplayError, match=r"torch\.float16.*strict_dtypes=True"):
         strict.load((half,))
+
+
+def test_a_dropped_callable_pins_no_buffer_and_its_kept_gradients_still_move():
+    """The pool's pending list holds a watch of the gradient buffers, not the buffers: once the
+    graphed callable is gone, its buffers go (the pool and its guard are not kept alive for
+    good), and a gradient it handed out that the user kept is still moved to a copy before a
+    replay that could overwrite it."""
+    guard = AliasGuard()
+    buffer = torch.randn(6, dtype=F64)
+    key = buffer.untyped_storage()._cdata
+    param = torch.nn.Parameter(torch.zeros(6, dtype=F64))
+    grads = GradBuffers([(1, buffer, param, "parameter 'w'")], [buffer], "fn")
+    result: list = [None, None]
+    handed = grads.hand_out(result)
+    kept = result[1]
+    assert kept.untyped_storage()._cdata == key  # an alias of the static buffer
+    values = kept.clone()
+    guard.record(0, grads.watch, handed, ())
+    dropped = weakref.ref(buffer)
+    del grads, buffer, result
+    assert dropped() is None, "the pending list kept the buffer alive"
+    guard.settle(0)  # before a replay of the pool's first graph
+    assert kept.untyped_storage()._cdata != key and torch.equal(kept, values)
+    assert guard.pending == [] and guard.max_seq == -1
+
+
+def test_a_graphed_module_and_its_callable_go_without_a_garbage_collection():
+    """Nothing the module's new forward, the callable or its autograd Function holds refers
+    back to them: dropping the module frees the callable (and its graphs) by reference
+    counting alone, after a backward as before one."""
+    import gc
+
+    graphed, control = linear_pair()
+    rt = fake(graphed, torch.randn(5, 8, dtype=F64))
+    graphed.forward = graphed_forward(rt, graphed, graphed.forward)
+    x = torch.randn(5, 8, dtype=F64)
+    graphed(x).pow(2).sum().backward()
+    graphed.eval()
+    assert torch.equal(graphed(x), control(x))  # the original forward, reached weakly
+    watch = weakref.ref(rt), weakref.ref(graphed)
+    gc.disable()
+    try:
+        del rt, graphed
+        assert watch[0]() is None and watch[1]() is None
+    finally:
+        gc.enable()

@@ -17,6 +17,7 @@ from cupy_backends.cuda.api import runtime
 
 from cugraphrt import _cuda, devices, graphs
 from cugraphrt import launcher as launcher_module
+from cugraphrt._graph_handles import GraphHandles
 
 
 class Stream:
@@ -93,9 +94,20 @@ class FakeDevices:
     def graph(self, device: int = 0, exec_handle: int = 0xE0) -> graphs.Graph:
         """A Graph that looks captured on ``device`` with executable ``exec_handle``."""
         g = graphs.Graph()
-        g._captured, g._exec, g._device = True, exec_handle, device
-        g._handles.exec = 0  # nothing for the finalizer to destroy
+        g._handles = _MadeUpHandles()
+        g._captured, g._device, g._handles.exec = True, device, exec_handle
+        g._refresh_exec()
         return g
+
+
+class _MadeUpHandles(GraphHandles):
+    """A fake graph's handles: its executable is made up, so releasing destroys nothing."""
+
+    __slots__ = ()
+
+    def release(self, why: str = "released") -> None:
+        self.exec = 0
+        super().release(why)
 
 
 _C_NAMES = {"get_device": "cudaGetDevice", "set_device": "cudaSetDevice",

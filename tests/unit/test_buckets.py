@@ -65,10 +65,10 @@ class Recorder:
         self.captured: list[int] = []  # bucket sizes, in capture order
         self.seen: list[tuple] = []  # the static arguments each replay read
 
-    def __call__(self, args):
+    def __call__(self, args, pool):
+        assert pool is self.pool  # the bucketed callable captures into its own pool
         size = args[0].shape[0]
         self.captured.append(size)
-        pool = self.pool
         token = object()
         pool._begin_capture(token)
         scratch = pool._allocate(self.scratch_bytes, STREAM, token) if self.scratch_bytes else None

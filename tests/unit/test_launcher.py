@@ -118,7 +118,8 @@ def test_reset_kills_the_launcher_for_good(fake):
                                           r"a graph without its executable\); capture again "
                                           r"and make a new launcher"):
         launch()
-    g._captured, g._exec = True, 0xE9  # captured again: the old launcher stays dead
+    g._captured, g._handles.exec = True, 0xE9  # captured again: the old launcher stays dead
+    g._refresh_exec()
     with pytest.raises(ReplayError, match="was reset"):
         launch()
     g.launcher()()
@@ -233,7 +234,7 @@ def test_no_launcher_before_the_cross_rank_check_of_a_graph_holding_collectives(
     with pytest.raises(ReplayError, match=r"before its cross-rank check.*replay it once"):
         g.launcher()
     g.replay(Stream(0x51, device_id=0))  # the check passes (one rank) and disarms the graph
-    assert log.verdict is True and "replay" not in g.__dict__
+    assert log.verdict is True and g._route is None
     launch = g.launcher(Stream(0x51, device_id=0))
     launch()
     assert [launch_[:2] for launch_ in fake.launches[-2:]] == [(0xE0, 0x51), (0xE0, 0x51)]
