@@ -69,7 +69,7 @@ def part_graph(rank: int, world: int, device) -> None:
             same(got, want, f"replay {i}: {name}", exact=world <= 2)
     # Checked once; from then on the replay is torch's own CUDAGraph.replay, nothing added
     # (the watchdog is off).
-    assert isinstance(getattr(g.replay._replay, "__self__", None), torch.cuda.CUDAGraph)
+    assert isinstance(getattr(g._route._replay, "__self__", None), torch.cuda.CUDAGraph)
     ok("graph")
 
 
