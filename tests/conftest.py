@@ -76,9 +76,30 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=f"needs a CUDA GPU: {NO_GPU_REASON}"))
 
 
+def torch_gpu_marks(torch) -> list:
+    """The ``pytestmark`` of a torch GPU test module, whose tests need a CUDA build of torch.
+
+    With one: ``gpu``. Without one, the module is skipped, except under
+    ``CUGRAPHRT_REQUIRE_GPU=1`` (the GPU machine's setting): there a CPU build of torch
+    would silently skip every test of the module, so they are collected and each fails,
+    saying why (``needs_torch_cuda``, read by :func:`pytest_runtest_setup`).
+    """
+    if torch.cuda.is_available():
+        return [pytest.mark.gpu]
+    reason = (f"needs a CUDA build of torch (got torch {torch.__version__}, whose "
+              f"torch.cuda.is_available() is False)")
+    if not REQUIRE_GPU:
+        pytest.skip(reason, allow_module_level=True)
+    return [pytest.mark.gpu, pytest.mark.needs_torch_cuda(reason)]
+
+
 def pytest_runtest_setup(item):
     # A hook, not a fixture added to the marks: fixtures are resolved when the test is
     # collected, so one named by a mark added afterwards never runs.
+    torch_cuda = item.get_closest_marker("needs_torch_cuda")
+    if torch_cuda is not None:  # only ever set under CUGRAPHRT_REQUIRE_GPU=1
+        pytest.fail(f"CUGRAPHRT_REQUIRE_GPU=1 but this test {torch_cuda.args[0]}",
+                    pytrace=False)
     if REQUIRE_GPU and NO_GPU_REASON is not None and item.get_closest_marker("gpu") is not None:
         pytest.fail(f"CUGRAPHRT_REQUIRE_GPU=1 but no CUDA GPU is usable: {NO_GPU_REASON}",
                     pytrace=False)

@@ -29,6 +29,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from .timing import round_order, rounds
+
 __all__ = ["ChildResult", "run_interleaved", "serve", "ChildFailed"]
 
 #: Seconds a child may take to set up (a torch.compile of a real model) or for one sample.
@@ -119,7 +121,8 @@ def run_interleaved(commands: Mapping[str, Sequence[str]], repeats: int, *, warm
     commands : mapping of str to argv
         Per system, the command of its child (which calls :func:`serve`).
     repeats, warmup : int
-        Timed rounds, and untimed rounds before them.
+        Timed rounds, and untimed rounds before them (at least ``timing.MIN_ROUNDS`` and
+        ``timing.MIN_WARMUP``); the systems run in ``timing.round_order`` each round.
     on_error : callable
         Called with the system and a :class:`ChildFailed` when its child fails; the system
         then gets no result.
@@ -145,9 +148,11 @@ def run_interleaved(commands: Mapping[str, Sequence[str]], repeats: int, *, warm
                 on_error(system, exc)
                 continue
             live[system] = child
+        repeats, warmup = rounds(repeats, warmup)
         for round_index in range(warmup + repeats):
             step(f"round {round_index + 1}/{warmup + repeats}")
-            for system, child in list(live.items()):
+            for system in round_order(list(live), round_index):
+                child = live[system]
                 try:
                     child.send("run")
                     value = float(child.expect("SAMPLE", sample_timeout_s))

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .timing import MIN_ROUNDS, MIN_WARMUP, round_order
 from .tp_decoder import Dims, build
 
 __all__ = ["main", "DDP_SYSTEMS", "TP_SYSTEMS"]
@@ -37,7 +38,8 @@ __all__ = ["main", "DDP_SYSTEMS", "TP_SYSTEMS"]
 DDP_SYSTEMS = ("ddp_eager", "cugraphrt_step")
 TP_SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_watched")
 _LAYERS, _WIDTH, _BATCH = 8, 256, 32
-_STEPS, _REPEATS, _WARMUP = 50, 7, 11  # DDP needs 11 eager steps before its capture
+_STEPS, _WARMUP = 50, 11  # DDP needs 11 eager steps before its capture
+_REPEATS = MIN_ROUNDS
 _CHECK_STEPS, _CHECK_REPEATS = 3, 1  # --check: the same code, one short round
 _TP = Dims()
 _WATCHDOG_S = 120.0
@@ -45,20 +47,23 @@ _WATCHDOG_S = 120.0
 
 def _interleaved(torch: Any, systems: dict[str, Callable[[], None]], loops: tuple[int, int],
                  before=None) -> dict[str, list[float]]:
-    """Seconds per step of each system: one batch of ``steps`` each in turn, ``repeats``
-    times (``loops``)."""
+    """Seconds per step of each system: one batch of ``steps`` each per round, in the
+    bench's shuffled order (the same on every rank: their collectives must pair up), after
+    an untimed round (``loops``: steps and timed rounds)."""
     steps, repeats = loops
+    warmup = MIN_WARMUP
     samples: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(repeats):
-        for name, step in systems.items():
+    for round_index in range(warmup + repeats):
+        for name in round_order(list(systems), round_index):
             if before is not None:
                 before(name)
             torch.cuda.synchronize()
             start = time.perf_counter()
             for _ in range(steps):
-                step()
+                systems[name]()
             torch.cuda.synchronize()
-            samples[name].append((time.perf_counter() - start) / steps)
+            if round_index >= warmup:
+                samples[name].append((time.perf_counter() - start) / steps)
     return samples
 
 

@@ -15,8 +15,8 @@ from typing import cast
 from . import spread
 from .records import BenchRecord, BenchReport, RowInfo
 
-__all__ = ["render_report", "render_table", "render_targets", "format_value", "plot_rows",
-           "write_plot"]
+__all__ = ["render_report", "render_table", "render_targets", "headline", "format_value",
+           "plot_rows", "write_plot"]
 
 #: Longest cell text; longer n/a or error messages are cut and repeated under the block.
 CELL_WIDTH = 40
@@ -151,17 +151,30 @@ def _ratio(report: BenchReport, row: RowInfo) -> str:
     return f"{text} {spread.format_interval(interval)}" if interval else text
 
 
+def headline(report: BenchReport) -> str:
+    """The verdicts counted apart: clear passes, passes and misses inside the spread,
+    clear misses and targets without a value, e.g. ``18 PASS, 3 PASS~, 0 MISS~, 1 MISS,
+    2 N/A``."""
+    labels = [t.label for t in report.targets]
+    return ", ".join(f"{labels.count(label)} {label}"
+                     for label in ("PASS", "PASS~", "MISS~", "MISS", "N/A"))
+
+
 def render_targets(report: BenchReport) -> str:
-    """A PASS / MISS / N/A line per target and row, with the measured ratio."""
+    """A PASS / MISS / N/A line per target and row, with the measured ratio and its
+    interval (``[one measurement]`` for a row measured once, a memory size), under a
+    headline that counts the verdicts (:func:`headline`)."""
     if not report.targets:
         return ""
-    lines = ["targets"]
+    lines = [f"targets: {headline(report)}"]
     for t in report.targets:
         sign = "<=" if t.direction == "at_most" else ">="
         bound = f"(target {sign} {t.threshold:.2f}x)"
         ratio = f"= {t.ratio:.3f}x " if t.ratio is not None else ""
         if t.low is not None and t.high is not None:
             ratio += spread.format_interval((t.low, t.high), digits=3) + " "
+        elif t.ratio is not None:
+            ratio += "[one measurement] "
         line = (f"  {t.label:<5} {t.workload:<13} {t.system} / {t.reference} {ratio}{bound}"
                 f"  [{t.metric}]")
         lines.append(line + (f": {t.note}" if t.note else ""))

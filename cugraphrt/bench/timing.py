@@ -2,8 +2,10 @@
 
 Every helper returns seconds per call for one *batch*: a loop of ``calls`` calls. A repeat is
 one batch; the runner takes medians over repeats. Systems of one table row are measured
-interleaved (one batch of each in turn) so that clock ramps and background activity spread
-over all of them instead of favouring whichever ran last.
+interleaved (one batch of each per round, in an order shuffled per round) so that clock
+ramps, background activity and whatever one system leaves behind spread over all of them
+instead of favouring one; every row gets at least :data:`MIN_ROUNDS` timed rounds after at
+least :data:`MIN_WARMUP` untimed ones.
 
 Three kinds of time:
 
@@ -20,6 +22,7 @@ Three kinds of time:
 
 from __future__ import annotations
 
+import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,12 +37,23 @@ __all__ = [
     "gpu_batch",
     "timed_once",
     "interleave",
+    "rounds",
+    "round_order",
     "HEAD_START_CYCLES",
+    "MIN_ROUNDS",
+    "MIN_WARMUP",
 ]
 
 #: Clock cycles the spin kernel holds the stream before a GPU-timed batch (about 2 ms at
 #: 2 GHz): longer than the host needs to queue any batch this benchmark times.
 HEAD_START_CYCLES = 4_000_000
+#: Timed rounds every interleaved row gets at least, whatever its workload asks for: a
+#: verdict is the median of this many paired rounds or more, with its interval (issue 41).
+MIN_ROUNDS = 9
+#: Untimed rounds before them, at least: no row's first sample pays for a first call.
+MIN_WARMUP = 1
+#: Seed of the order within each round (:func:`round_order`).
+ORDER_SEED = 41
 
 
 @dataclass(frozen=True)
@@ -182,9 +196,27 @@ def gpu_batch(fn: Callable[[], object], calls: int, stream,
     return cupy.cuda.get_elapsed_time(start, end) * 1e-3 / calls
 
 
+def rounds(repeats: int, warmup: int) -> tuple[int, int]:
+    """``(repeats, warmup)`` raised to :data:`MIN_ROUNDS` and :data:`MIN_WARMUP`."""
+    return max(repeats, MIN_ROUNDS), max(warmup, MIN_WARMUP)
+
+
+def round_order(names: Sequence[str], round_index: int) -> list[str]:
+    """The order the systems of a row run in, in round ``round_index``: shuffled per round.
+
+    A fixed order would bill whatever one system leaves behind (caches, clocks, a deferred
+    teardown) to the one after it, every round. The shuffle is seeded by the round, so a
+    rerun, and every rank of a distributed run, takes the same order.
+    """
+    order = list(names)
+    random.Random(ORDER_SEED * 1_000_003 + round_index).shuffle(order)
+    return order
+
+
 def interleave(batches: Mapping[str, Callable[[], float]], repeats: int, *, warmup: int = 2,
                on_error: Callable[[str, BaseException], None]) -> dict[str, list[float]]:
-    """Run one batch of each system in turn, ``warmup`` untimed rounds then ``repeats``.
+    """Run one batch of each system per round, in :func:`round_order`: ``warmup`` untimed
+    rounds, then ``repeats`` timed ones (at least :data:`MIN_WARMUP` and :data:`MIN_ROUNDS`).
 
     Parameters
     ----------
@@ -201,12 +233,15 @@ def interleave(batches: Mapping[str, Callable[[], float]], repeats: int, *, warm
     Returns
     -------
     dict of str to list of float
-        The samples of each system that never failed.
+        The samples of each system that never failed, in round order (the i-th samples of
+        two systems were taken in the same round).
     """
+    repeats, warmup = rounds(repeats, warmup)
     live = dict(batches)
     samples: dict[str, list[float]] = {name: [] for name in live}
     for round_index in range(warmup + repeats):
-        for name, batch in list(live.items()):
+        for name in round_order(list(live), round_index):
+            batch = live[name]
             try:
                 value = batch()
             except Exception as exc:  # noqa: BLE001 - one system's failure ends only its row cell

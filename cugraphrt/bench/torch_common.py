@@ -15,8 +15,9 @@ import cugraphrt
 from .spec import SystemUnavailable, describe, keep
 from .timing import device_sync, host_batch
 
-__all__ = ["torch_module", "adapter_module", "adapter_function", "mlp", "convnet",
-           "release_torch", "HandGraph", "AdapterGraph", "on_stream", "reserved_growth",
+__all__ = ["BrokenInstall", "torch_module", "adapter_module", "adapter_function", "mlp",
+           "convnet", "release_torch", "HandGraph", "AdapterGraph", "on_stream",
+           "reserved_growth",
            "capture_batch", "one_kernel_replay", "WARMUP_ITERS", "CAPTURE_TARGET",
            "CAPTURE_BUILDS"]
 
@@ -38,36 +39,64 @@ CAPTURE_TARGET = 1.05
 CAPTURE_BUILDS = 21
 
 
+class BrokenInstall(RuntimeError):
+    """torch or cugraphrt_torch is installed but does not import: an error of the run (its
+    cells read ``error``, the exit status is 1), never a system that is "not available"."""
+
+
 def torch_module():
-    """``torch``, or :class:`SystemUnavailable` saying why it cannot be used."""
+    """``torch``; :class:`SystemUnavailable` when it is not installed or has no CUDA device.
+
+    Raises
+    ------
+    BrokenInstall
+        When torch is installed but fails to import.
+    """
     try:
         import torch
     except ModuleNotFoundError as exc:
         if exc.name == "torch":
             raise SystemUnavailable("torch not installed") from None
-        raise SystemUnavailable(f"torch does not import: {describe(exc)}") from None
-    except Exception as exc:  # noqa: BLE001 - a broken install is "not available" too
-        raise SystemUnavailable(f"torch does not import: {describe(exc)}") from None
+        raise BrokenInstall(f"torch does not import: {describe(exc)}") from exc
+    except Exception as exc:  # any failure of an installed torch
+        raise BrokenInstall(f"torch does not import: {describe(exc)}") from exc
     if not torch.cuda.is_available():
         raise SystemUnavailable(f"torch {torch.__version__} has no CUDA device")
     return torch
 
 
 def adapter_module():
-    """``cugraphrt_torch``, or :class:`SystemUnavailable` saying why it cannot be used."""
+    """``cugraphrt_torch``; :class:`SystemUnavailable` as :func:`torch_module` says.
+
+    The adapter ships with cugraphrt: with a usable torch, an adapter that does not import
+    is a regression to report, not a system to leave out.
+
+    Raises
+    ------
+    BrokenInstall
+        When torch or the adapter fails to import.
+    """
     torch_module()
     try:
         import cugraphrt_torch
-    except Exception as exc:  # noqa: BLE001
-        raise SystemUnavailable(f"cugraphrt_torch does not import: {describe(exc)}") from None
+    except Exception as exc:  # whatever broke it, the run must say so
+        raise BrokenInstall(f"cugraphrt_torch does not import: {describe(exc)}") from exc
     return cugraphrt_torch
 
 
 def adapter_function(name: str):
-    """``cugraphrt_torch.<name>``, or :class:`SystemUnavailable` if the adapter lacks it."""
+    """``cugraphrt_torch.<name>``.
+
+    Raises
+    ------
+    SystemUnavailable
+        As :func:`adapter_module`.
+    BrokenInstall
+        When the adapter does not import or lacks ``name``.
+    """
     function = getattr(adapter_module(), name, None)
     if function is None:
-        raise SystemUnavailable(f"cugraphrt_torch has no {name}()")
+        raise BrokenInstall(f"cugraphrt_torch has no {name}()")
     return function
 
 
@@ -98,9 +127,9 @@ def convnet(torch):
         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
 
 
-def release_torch(torch) -> None:
-    """Drop garbage and cached memory of torch, cugraphrt and CuPy, and torch's cached cuBLAS
-    workspaces.
+def release_torch(torch, *, workspaces: bool = True) -> None:
+    """Drop garbage and cached memory of torch, cugraphrt and CuPy, and (``workspaces``)
+    torch's cached cuBLAS workspaces.
 
     The workspaces: a hand graph captured on ``torch.cuda.graph``'s capture stream bakes in
     the workspace torch cached for that stream, allocated from an earlier hand graph's pool.
@@ -116,7 +145,7 @@ def release_torch(torch) -> None:
     gc.collect()
     torch.cuda.synchronize()
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if clear is not None:
+    if workspaces and clear is not None:
         clear()
     torch.cuda.empty_cache()
     cugraphrt.empty_cache()
@@ -138,6 +167,9 @@ class HandGraph:
     pool : optional
         A handle from ``torch.cuda.graph_pool_handle()`` shared with other graphs (a private
         pool when None).
+    copy_inputs : bool, default True
+        Clone the samples into the static inputs; False reads the samples themselves (views
+        of one buffer, as vLLM gives its per-size graphs).
 
     Attributes
     ----------
@@ -148,8 +180,8 @@ class HandGraph:
         The captured graph; ``replay()`` runs it on the current stream.
     """
 
-    def __init__(self, torch, fn, *samples, pool=None) -> None:
-        self.static_inputs = tuple(sample.clone() for sample in samples)
+    def __init__(self, torch, fn, *samples, pool=None, copy_inputs: bool = True) -> None:
+        self.static_inputs = tuple(s.clone() for s in samples) if copy_inputs else samples
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -214,11 +246,17 @@ def reserved_growth(torch, build):
 def capture_batch(torch, prepare, build, grad: bool = False) -> float:
     """Wall seconds of ``build(prepare())``, synchronized before and after.
 
-    ``prepare`` (a model copy, say) is not timed; what ``build`` returns is dropped and
-    collected afterwards, so its teardown is not timed either.
+    ``prepare`` (a model copy, say) is not timed. Before the clock starts, garbage is
+    collected and every cache is emptied (torch's, cugraphrt's, CuPy's): the previous build,
+    of whichever system, is torn down on nobody's clock. Without this, the segments a
+    dropped cugraphrt_torch graph gave back to torch went back to the device inside the
+    next ``torch.cuda.graph`` build, whose ``__enter__`` empties torch's cache: cugraphrt's
+    teardown on torch's clock (issue 41). torch's cached cuBLAS workspaces stay: a user's
+    next capture finds them too. What ``build`` returns is dropped and collected afterwards.
     """
     with _collecting_only_new_objects():
         model = prepare()
+        release_torch(torch, workspaces=False)
         with torch.set_grad_enabled(grad):
             device_sync()
             start = perf_counter()

@@ -20,11 +20,13 @@ COLLECTIVES = ("graph", "callables", "cupy")
 TRAINING = ("step", "callables", "ddp_step", "static_graph")
 
 
-def _ranks(*, two_only: bool = False):
+def _ranks(*, two_only: bool = False, one_by_default: bool = False):
     """1 and WORLD ranks. The one-rank runs prove only the plumbing (about 90 s together) and
-    are marked long, to hold the default single-GPU run near four minutes."""
-    cases = [] if two_only else [pytest.param(
-        1, marks=[skip_unless_gpus(1), pytest.mark.long], id="1rank")]
+    are marked long, to hold the default single-GPU run near four minutes, except the
+    collectives one (``one_by_default``): torch and CuPy collectives captured in graphs and
+    replayed under torchrun, about 15 s, run by default on any GPU."""
+    one_marks = [skip_unless_gpus(1)] + ([] if one_by_default else [pytest.mark.long])
+    cases = [] if two_only else [pytest.param(1, marks=one_marks, id="1rank")]
     return [*cases, pytest.param(WORLD, marks=skip_unless_gpus(WORLD), id=f"{WORLD}ranks")]
 
 
@@ -36,7 +38,7 @@ def _has_cupy_nccl() -> bool:
     return bool(nccl.available)
 
 
-@pytest.mark.parametrize("nproc", _ranks())
+@pytest.mark.parametrize("nproc", _ranks(one_by_default=True))
 @pytest.mark.parametrize("part", COLLECTIVES)
 def test_collectives_in_graphs_match_eager_over_100_replays(part, nproc):
     parts = COLLECTIVES if _has_cupy_nccl() else COLLECTIVES[:2]

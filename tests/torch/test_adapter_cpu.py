@@ -232,3 +232,27 @@ def test_out_of_memory_gives_null_and_keeps_the_pool_error(capture):
 def test_free_of_unknown_pointer_is_ignored():
     _alloc._C_FREE(0x1234, 64, 0, 0)
     _alloc._C_FREE(None, 0, 0, None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a CPU-only build of torch")
+def test_require_gpu_fails_torch_gpu_tests_on_a_cpu_only_torch():
+    """Under CUGRAPHRT_REQUIRE_GPU=1 a torch GPU module is not skipped for want of a CUDA
+    build of torch: its tests fail, saying so. Without the variable they skip, as before."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs",
+               "tests/torch/test_dlpack_gpu.py"]
+    strict = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "CUGRAPHRT_REQUIRE_GPU": "1"})
+    assert strict.returncode == 1, strict.stdout[-2000:]
+    assert "CUGRAPHRT_REQUIRE_GPU=1 but this test needs a CUDA build of torch" in strict.stdout
+    assert " passed" not in strict.stdout and " errors in " in strict.stdout  # each, at set-up
+    env = {k: v for k, v in os.environ.items() if k != "CUGRAPHRT_REQUIRE_GPU"}
+    lenient = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=300,
+                             env=env)
+    assert lenient.returncode == 5 or "skipped" in lenient.stdout, lenient.stdout[-2000:]
+    assert "needs a CUDA build of torch" in lenient.stdout

@@ -12,8 +12,10 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+
+from tests.conftest import torch_gpu_marks  # noqa: E402
+
+pytestmark = torch_gpu_marks(torch)
 
 import cugraphrt_torch  # noqa: E402
 from cugraphrt_torch._autograd_guard import GradBuffers  # noqa: E402
@@ -21,8 +23,6 @@ from cugraphrt_torch.autograd import make_graphed_callables  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt.errors import OptionsError, ReplayError  # noqa: E402
-
-pytestmark = pytest.mark.gpu
 
 N, D_IN, H, D_OUT = 64, 256, 128, 64  # torch's test uses 640x4096; smaller keeps it fast
 

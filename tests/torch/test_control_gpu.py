@@ -13,10 +13,9 @@ from cugraphrt_torch import _alloc  # noqa: E402
 import cugraphrt  # noqa: E402
 import cugraphrt.random as crandom  # noqa: E402
 from cugraphrt import CaptureError  # noqa: E402
+from tests.conftest import torch_gpu_marks  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+pytestmark = torch_gpu_marks(torch)
 
 
 def _in_cugraphrt_pool(tensor) -> bool:

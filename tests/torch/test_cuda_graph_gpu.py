@@ -17,10 +17,9 @@ import cupy  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import CaptureError, PoolOutOfMemoryError  # noqa: E402
+from tests.conftest import torch_gpu_marks  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+pytestmark = torch_gpu_marks(torch)
 
 F = torch.nn.functional
 NAMESPACES = {"torch.cuda": torch.cuda, "cugraphrt_torch": cugraphrt_torch}

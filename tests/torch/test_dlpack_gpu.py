@@ -15,10 +15,9 @@ from cugraphrt_torch.dlpack import cupy_dtype_name  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import OptionsError  # noqa: E402
+from tests.conftest import torch_gpu_marks  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+pytestmark = torch_gpu_marks(torch)
 
 DTYPES = [torch.float32, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int16,
           torch.int32, torch.int64, torch.bool, torch.complex64]

@@ -11,10 +11,9 @@ import cupy  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import CaptureError  # noqa: E402
+from tests.conftest import torch_gpu_marks  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+pytestmark = torch_gpu_marks(torch)
 
 
 def _item(y):

@@ -20,11 +20,10 @@ torch = pytest.importorskip("torch")
 import cugraphrt_torch  # noqa: E402
 
 import cugraphrt  # noqa: E402
+from tests.conftest import torch_gpu_marks  # noqa: E402
 from tests.lifetimes import BIG_BYTES, Kept, check_lifetime  # noqa: E402
 
-pytestmark = pytest.mark.gpu
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA build of torch", allow_module_level=True)
+pytestmark = torch_gpu_marks(torch)
 
 N = 1 << 16
 ROWS = BIG_BYTES // (4 * N)  # the temporary (ROWS, N) float32 is BIG_BYTES

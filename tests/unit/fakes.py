@@ -39,3 +39,24 @@ class FakeBackingAllocator:
 
     def mem_info(self) -> tuple[int, int]:
         return self.capacity - self.used, self.capacity
+
+
+def assert_out_of_memory_was_due(error, pool, backing, stream) -> None:
+    """Check a :class:`PoolOutOfMemoryError` against the model of the pool: no free block of
+    the pool could serve the request on ``stream``, and the fake device had less free memory
+    than the segment the request needed. The error's figures are the pool's and the device's.
+    """
+    from cugraphrt._blocks import ALIGNMENT, SMALL_REQUEST_BYTES, round_up, segment_size_for
+
+    size = round_up(max(error.requested_bytes, 1), ALIGNMENT)
+    small = size <= SMALL_REQUEST_BYTES
+    usable = [end - start for start, (end, tag, segment) in pool._arena._free_at.items()
+              if segment.small == small and tag in (None, stream)]
+    assert all(free < size for free in usable), (
+        f"a free block of {max(usable)} bytes could have served {size}: not out of memory")
+    free, total = backing.mem_info()
+    assert free < segment_size_for(size), (
+        f"the device had {free} bytes free for a segment of {segment_size_for(size)}: not out "
+        f"of memory")
+    assert (error.device_free_bytes, error.device_total_bytes) == (free, total)
+    assert error.reserved_bytes == pool.stats().reserved_bytes

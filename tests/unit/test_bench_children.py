@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from cugraphrt.bench import children
+from cugraphrt.bench.timing import MIN_ROUNDS, MIN_WARMUP, round_order
 
 ROOT = Path(__file__).resolve().parents[2]
 CHILD = str(Path(__file__).with_name("bench_child.py"))
@@ -25,21 +26,26 @@ def _command(mode: str, name: str) -> list[str]:
     return [sys.executable, CHILD, mode, name]
 
 
-def test_children_are_timed_round_by_round():
+def test_children_are_timed_round_by_round_in_a_shuffled_order():
     failures: list = []
     steps: list[str] = []
     results = children.run_interleaved(
         {"a": _command("ok", "a"), "b": _command("noisy", "b"), "c": _command("ok", "c")},
-        repeats=3, warmup=1, on_error=lambda s, e: failures.append((s, e)), step=steps.append)
+        repeats=3, warmup=0, on_error=lambda s, e: failures.append((s, e)), step=steps.append)
     assert failures == []
     assert {name: r.info["name"] for name, r in results.items()} == {"a": "a", "b": "b",
                                                                      "c": "c"}
-    # Samples are monotonic clock readings taken by each child when asked: the timed rounds
-    # ran a, b, c, a, b, c, a, b, c (the warm-up round's samples are dropped).
-    flat = [results[name].samples[i] for i in range(3) for name in "abc"]
-    assert all(len(r.samples) == 3 for r in results.values())
+    # At least MIN_ROUNDS timed rounds after MIN_WARMUP untimed ones, whatever was asked.
+    rounds, warmup = MIN_ROUNDS, MIN_WARMUP
+    assert all(len(r.samples) == rounds for r in results.values())
+    # Samples are monotonic clock readings taken by each child when asked: each timed round
+    # ran the three systems in that round's shuffled order, all of them before the next.
+    orders = [round_order("abc", warmup + i) for i in range(rounds)]
+    flat = [results[name].samples[i] for i in range(rounds) for name in orders[i]]
     assert flat == sorted(flat)
-    assert steps[:3] == ["a: set-up", "b: set-up", "c: set-up"] and steps[-1] == "round 4/4"
+    assert len({tuple(order) for order in orders}) > 1  # not one fixed order
+    assert steps[:3] == ["a: set-up", "b: set-up", "c: set-up"]
+    assert steps[-1] == f"round {rounds + warmup}/{rounds + warmup}"
 
 
 def test_a_child_failing_at_set_up_or_in_a_round_costs_its_system_only(capsys):
@@ -48,7 +54,7 @@ def test_a_child_failing_at_set_up_or_in_a_round_costs_its_system_only(capsys):
         {"setup": _command("setup_crash", "s"), "ok": _command("ok", "o"),
          "round": _command("round_crash", "r")},
         repeats=3, warmup=0, on_error=lambda s, e: failures.__setitem__(s, e))
-    assert set(results) == {"ok"} and len(results["ok"].samples) == 3
+    assert set(results) == {"ok"} and len(results["ok"].samples) == MIN_ROUNDS
     assert isinstance(failures["setup"], children.ChildFailed)
     assert str(failures["setup"]) == ("the system's process exited with status 3: s: CUDA "
                                       "error: an illegal memory access was encountered")
@@ -81,7 +87,7 @@ def test_hf_decode_holds_each_backend_to_the_numerics_it_keeps(monkeypatch):
     eager_steps = {s: c.median for s, c in rows["same as eager"].cells.items()}
     assert eager_steps["cugraphrt_compile"] == 9 and eager_steps["cugraphrt_exact"] == 64
     assert rows["same as torch_compile"].cells["cugraphrt_compile"].median == 64
-    assert rows["step"].cells["cugraphrt_compile"].repeats == 2
+    assert rows["step"].cells["cugraphrt_compile"].repeats == MIN_ROUNDS  # the floor
     report = runner.build_report([(workloads_compile.HF_DECODE, ctx.rows, None)],
                                  [workloads_compile.HF_DECODE], created="t", device="d",
                                  versions={}, quick=False, elapsed_s=1.0)

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,15 @@ from cugraphrt.bench.spec import (
     check_close,
     verify,
 )
-from cugraphrt.bench.timing import Summary, host_batch, interleave, summarize
+from cugraphrt.bench.timing import (
+    MIN_ROUNDS,
+    MIN_WARMUP,
+    Summary,
+    host_batch,
+    interleave,
+    round_order,
+    summarize,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_GPU_MESSAGE = "cugraphrt bench: no CUDA GPU is available"
@@ -451,17 +460,33 @@ def test_row_builder_measure_interleaves_and_isolates_failures():
     builder.measure({"a": make("a", 1e-6), "b": make("b", 2e-6, fail_at=3), "c": None},
                     repeats=4, scale=1e6, warmup=1)
     row = builder.build()
-    assert order[:6] == ["a", "b", "a", "b", "a", "b"]
-    assert row.cells["a"] == Summary(1.0, 1.0, 1.0, 4)
+    # One batch of each per round, in that round's order; b leaves at its third batch.
+    expected = [name for i in range(2) for name in round_order(["a", "b"], i)]
+    expected += [name for name in round_order(["a", "b"], 2)]
+    assert order[:6] == expected
+    assert row.cells["a"] == Summary(1.0, 1.0, 1.0, MIN_ROUNDS)  # 4 asked, the floor given
     assert row.cells["b"] == Failed("RuntimeError: b failed")
     assert row.cells["c"] == NotAvailable("not measured")
 
 
-def test_interleave_drops_warmup_rounds():
-    values = iter(range(10))
+def test_interleave_drops_warmup_rounds_and_gives_every_row_the_floor():
+    values = iter(range(100))
     samples = interleave({"x": lambda: next(values)}, repeats=3, warmup=2,
                          on_error=lambda name, exc: None)
-    assert samples == {"x": [2, 3, 4]}
+    assert samples == {"x": list(range(2, 2 + MIN_ROUNDS))}
+    values = iter(range(100))
+    samples = interleave({"x": lambda: next(values)}, repeats=12, warmup=0,
+                         on_error=lambda name, exc: None)
+    assert samples == {"x": list(range(MIN_WARMUP, MIN_WARMUP + 12))}
+
+
+def test_round_order_is_shuffled_per_round_and_the_same_on_every_call():
+    names = ["a", "b", "c", "d"]
+    orders = [round_order(names, i) for i in range(20)]
+    assert all(sorted(order) == names for order in orders)
+    assert len({tuple(order) for order in orders}) > 5
+    assert orders == [round_order(names, i) for i in range(20)]  # every rank, every rerun
+    assert names == ["a", "b", "c", "d"]  # the caller's list is left alone
 
 
 def test_summarize_and_scale():
@@ -597,3 +622,95 @@ def test_run_workloads_keeps_each_workloads_wall_time_in_run_order(monkeypatch):
     assert seen == [{"slow": 2.5}, {"slow": 2.5, "crashing": 6.0}]
     assert [e.workload for e in report.errors] == ["crashing"]
     assert report.elapsed_s == 8.5
+
+
+# -- a broken install is an error; only a missing torch is n/a ------------------------------
+
+
+def _adapter_workload():
+    """Sets its adapter system up the way the torch workloads do (torch_common's lookup)."""
+    from cugraphrt.bench.torch_common import adapter_function
+
+    def run(ctx: Context) -> None:
+        row = RowBuilder("m", "us", ("ref", "cugraphrt_torch"), "ref", "cugraphrt_torch")
+        row.set("ref", _summary(1.0))
+        graph_module = row.setup("cugraphrt_torch", lambda: adapter_function("graph_module"))
+        if graph_module is not None:
+            row.set("cugraphrt_torch", _summary(1.0))
+        ctx.emit(row.build())
+
+    return Workload("adapter", "needs cugraphrt_torch", ("ref", "cugraphrt_torch"), "ref",
+                    (Target("cugraphrt_torch", "ref", 1.05),), run)
+
+
+@pytest.fixture
+def torch_with_cuda(monkeypatch):
+    """A stand-in torch module that says it has a CUDA device."""
+    fake = types.SimpleNamespace(__version__="9.9.9",
+                                 cuda=types.SimpleNamespace(is_available=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    return fake
+
+
+def test_a_broken_adapter_import_exits_non_zero(fake_gpu, monkeypatch, torch_with_cuda,
+                                                 capsys):
+    monkeypatch.setattr(runner, "WORKLOADS", (_adapter_workload(),))
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    monkeypatch.setitem(sys.modules, "cugraphrt_torch", None)  # its import raises
+    assert runner.main(["--no-progress"]) == 1
+    out, err = capsys.readouterr()
+    assert "error: BrokenInstall: cugraphrt_torch does not import" in out
+    assert "N/A   adapter" in out  # the target has no value, and the run failed
+    assert "cugraphrt_torch failed on 'm'" in err and "Traceback" in err
+
+
+def test_a_missing_torch_is_na_and_the_run_succeeds(fake_gpu, monkeypatch, capsys):
+    monkeypatch.setattr(runner, "WORKLOADS", (_adapter_workload(),))
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if not installed
+    assert runner.main(["--no-progress"]) == 0
+    assert "n/a (torch not installed)" in capsys.readouterr().out
+
+
+def test_torch_that_does_not_import_is_an_error_not_na(monkeypatch):
+    from cugraphrt.bench import torch_common
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(SystemUnavailable, match="torch not installed"):
+        torch_common.torch_module()
+    import builtins
+
+    real_import = builtins.__import__
+
+    def failing(name, *args, **kwargs):
+        if name == "torch":
+            raise OSError("libcudart.so.13: cannot open shared object file")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "torch")
+    monkeypatch.setattr(builtins, "__import__", failing)
+    with pytest.raises(torch_common.BrokenInstall, match="torch does not import: OSError"):
+        torch_common.torch_module()
+
+
+def test_the_targets_headline_counts_clear_verdicts_apart_from_those_inside_the_spread():
+    from cugraphrt.bench.records import TargetResult
+    from cugraphrt.bench.render import headline, render_targets
+
+    def verdict(status, within=False, ratio=1.0, low=0.9, high=1.1):
+        return TargetResult(workload="w", metric="m", system="s", reference="r",
+                            threshold=1.0, direction="at_most", ratio=ratio, low=low,
+                            high=high, within_spread=within, status=status)
+
+    report = BenchReport(created="t", device="d", versions={}, quick=True, elapsed_s=1.0)
+    report.targets = [verdict("PASS"), verdict("PASS"), verdict("PASS", within=True),
+                      verdict("MISS", within=True), verdict("MISS"),
+                      verdict("PASS", low=None, high=None),
+                      TargetResult(workload="w", metric="m", system="s", reference="r",
+                                   threshold=1.0, direction="at_most", ratio=None,
+                                   status="N/A", note="r: n/a")]
+    assert headline(report) == "3 PASS, 1 PASS~, 1 MISS~, 1 MISS, 1 N/A"
+    lines = render_targets(report).splitlines()
+    assert lines[0] == "targets: 3 PASS, 1 PASS~, 1 MISS~, 1 MISS, 1 N/A"
+    assert "= 1.000x [0.900, 1.100] (target <= 1.00x)" in lines[1]
+    assert "= 1.000x [one measurement] (target <= 1.00x)" in lines[6]

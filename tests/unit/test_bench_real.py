@@ -219,10 +219,13 @@ def test_real_targets_render_pass_and_miss_lines():
         assert len(found) == 1, (status, workload, metric, lines)
         return found[0]
 
-    assert "cugraphrt_torch / torch_graph = 0.995x (target <= 1.05x)" in line(
+    # Fabricated cells are single values: their verdicts say so where an interval would be.
+    assert "cugraphrt_torch / torch_graph = 0.995x [one measurement] (target <= 1.05x)" in line(
         "PASS", "real_resnet50", "per call fp16 b8")
-    assert "= 0.750x (target <= 1.05x)" in line("PASS", "real_resnet50", "capture + warm-ups")
-    assert "= 1.110x (target <= 1.05x)" in line("MISS", "real_llama", "per call decode step")
+    assert "= 0.750x [one measurement] (target <= 1.05x)" in line(
+        "PASS", "real_resnet50", "capture + warm-ups")
+    assert "= 1.110x [one measurement] (target <= 1.05x)" in line(
+        "MISS", "real_llama", "per call decode step")
     assert "cugraphrt_torch / torch_graphed = 1.002x" in line(
         "PASS", "real_resnet18", "per call train step b32")
     # The memory row has no target; only the named rows get verdicts (ResNet-18's capture

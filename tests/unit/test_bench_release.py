@@ -54,11 +54,31 @@ class _Cycle:
         weakref.finalize(self, freed.append, "build freed")
 
 
-def _torch_for_builds():
-    return SimpleNamespace(set_grad_enabled=lambda grad: contextlib.nullcontext())
+def _torch_for_builds(calls: list[str] | None = None):
+    torch = fake_torch([] if calls is None else calls)
+    torch.set_grad_enabled = lambda grad: contextlib.nullcontext()
+    return torch
+
+
+def test_capture_batch_empties_every_cache_before_the_clock_and_keeps_workspaces(monkeypatch):
+    # The previous build's teardown (a dropped graph's segments going back) happens before
+    # the clock starts, for every system alike: not inside the next build, which for
+    # torch.cuda.graph empties torch's cache on torch's clock.
+    calls: list[str] = []
+    patch_pools(monkeypatch, calls)
+    monkeypatch.setattr(torch_common, "device_sync", lambda: calls.append("device sync"))
+    monkeypatch.setattr(torch_common, "perf_counter", lambda: calls.append("clock") or 0.0)
+    torch_common.capture_batch(_torch_for_builds(calls), lambda: calls.append("prepare"),
+                               lambda model: calls.append("build"))
+    assert calls[:calls.index("clock")] == [
+        "prepare", "synchronize", "torch empty_cache", "cugraphrt empty_cache",
+        "cupy free_all_blocks", "device sync"]
+    assert calls[calls.index("clock"):] == ["clock", "build", "device sync", "clock"]
+    assert "clear cuBLAS workspaces" not in calls  # a user's next capture finds them too
 
 
 def test_capture_batch_collects_the_builds_cycles_scanning_only_new_objects(monkeypatch):
+    patch_pools(monkeypatch, [])
     monkeypatch.setattr(torch_common, "device_sync", lambda: None)
     old = [object() for _ in range(100)]  # a container alive before the build
     frozen_during: list[int] = []
@@ -80,6 +100,7 @@ def test_capture_batch_works_when_objects_were_frozen_before(monkeypatch):
     # On the GPU image, processes have objects frozen before the bench runs: the build's
     # cycles must still be collected, and the process ends up with nothing frozen (freezing
     # is a hint to the collector only).
+    patch_pools(monkeypatch, [])
     monkeypatch.setattr(torch_common, "device_sync", lambda: None)
     gc.freeze()
     try:

@@ -10,7 +10,7 @@ from cugraphrt.bench import runner, spread
 from cugraphrt.bench.records import BenchReport
 from cugraphrt.bench.render import render_report, render_table
 from cugraphrt.bench.spec import Row, RowBuilder, Target, Workload
-from cugraphrt.bench.timing import single, summarize
+from cugraphrt.bench.timing import MIN_ROUNDS, round_order, single, summarize
 
 
 def _drifting(rng, n=40, ratio=1.10, noise=0.004):
@@ -156,13 +156,15 @@ def test_table_shows_the_interval_beside_the_ratio_and_old_reports_still_render(
 
 
 def test_measured_rows_keep_their_samples_round_by_round():
-    values = {"ours": iter([2.0, 3.0, 4.0, 5.0]), "ref": iter([1.0, 1.5, 2.0, 2.5])}
+    rounds = MIN_ROUNDS + 1  # the warm-up round, then the floor of timed rounds
+    values = {"ours": iter([2.0 + i for i in range(rounds)]),
+              "ref": iter([1.0 + 0.5 * i for i in range(rounds)])}
     builder = RowBuilder("m", "s", ("ours", "ref"), "ref", "ours")
     builder.measure({name: (lambda it=it: next(it)) for name, it in values.items()},
                     repeats=3, scale=10.0, warmup=1)
     row = builder.build()
-    assert row.cells["ours"].samples == (30.0, 40.0, 50.0)
-    assert row.cells["ref"].samples == (15.0, 20.0, 25.0)
+    assert row.cells["ours"].samples == tuple(10.0 * (2.0 + i) for i in range(1, rounds))
+    assert row.cells["ref"].samples == tuple(10.0 * (1.0 + 0.5 * i) for i in range(1, rounds))
 
 
 def test_the_host_goes_into_the_versions(tmp_path, monkeypatch):
@@ -203,12 +205,23 @@ def test_rows_measured_together_share_their_reference_samples(capsys):
     batches = {name: batch(name) for name in ("ours", "ref", "fast", "broken")}
     batches["gone"] = replay.setup("gone", no_setup)  # None: its cell is in one row only
     measure_together((replay, launcher), batches, repeats=2, scale=1.0, warmup=1)
-    assert order[:4] == ["ours", "ref", "fast", "broken"]  # one rotation, side by side
-    assert order[4:] == ["ours", "ref", "fast"] * 2  # the failed system left it
+    # One rotation of every system of both rows per round, in that round's order; the
+    # failed system left it in the first round.
+    first = round_order(["ours", "ref", "fast", "broken"], 0)
+    assert order[:4] == first
+    later = [round_order(["ours", "ref", "fast"], i) for i in range(1, MIN_ROUNDS + 1)]
+    assert order[4:] == [name for names in later for name in names]
+    # Each system's samples are its ticks, round by round: rows share the reference's.
+    ticks_of: dict[str, list[float]] = {name: [] for name in ("ours", "ref", "fast")}
+    tick = 4  # the warm-up round took ticks 1-3 (the broken system raised before its own)
+    for names in later:
+        for name in names:
+            ticks_of[name].append(float(tick))
+            tick += 1
     rows = replay.build(), launcher.build()
-    assert rows[0].cells["ref"].samples == rows[1].cells["ref"].samples == (5.0, 8.0)
-    assert rows[0].cells["ours"].samples == (4.0, 7.0)
-    assert rows[1].cells["fast"].samples == (6.0, 9.0)
+    assert rows[0].cells["ref"].samples == rows[1].cells["ref"].samples == tuple(ticks_of["ref"])
+    assert rows[0].cells["ours"].samples == tuple(ticks_of["ours"])
+    assert rows[1].cells["fast"].samples == tuple(ticks_of["fast"])
     for row in rows:
         assert row.cells["broken"] == Failed("RuntimeError: no such kernel")
         assert row.cells["gone"] == Failed("RuntimeError: set-up failed")

@@ -17,22 +17,35 @@ import cugraphrt
 from cugraphrt import CaptureError, MemPool, OptionsError, PoolOrderError, PoolOutOfMemoryError
 from cugraphrt._blocks import SMALL_SEGMENT_BYTES
 from cugraphrt._replay_order import ReplayOrder
+from cugraphrt.backing import BackingOutOfMemoryError
 
-from .fakes import FakeBackingAllocator
+from .fakes import FakeBackingAllocator, assert_out_of_memory_was_due
 
 STREAM = 0x1234
 WORKSPACE = ("test-workspace", 0)
 
 
-def capture(pool, sizes, keep=(), succeed=True, shared=None, touched=None):
+def capture(pool, sizes, keep=(), succeed=True, shared=None, touched=None, backing=None):
     """Simulate a capture: allocate ``sizes``, keep the pointers at indices ``keep``.
 
     ``shared=n`` also asks for the pool's shared block ``WORKSPACE`` of ``n`` bytes;
-    ``touched`` (a list) receives the address of every block the capture was handed.
+    ``touched`` (a list) receives the address of every block the capture was handed. An
+    allocation that runs out of memory ends the capture as failed (as a real capture is
+    rolled back when it raises) after checking, with ``backing``, that the model of the
+    pool and the device predicted it.
     """
     token = object()
     pool._begin_capture(token)
-    pointers = [pool._allocate(n, STREAM, token) for n in sizes]
+    pointers = []
+    try:
+        for n in sizes:
+            pointers.append(pool._allocate(n, STREAM, token))
+    except PoolOutOfMemoryError as error:
+        if backing is not None:
+            assert_out_of_memory_was_due(error, pool, backing, STREAM)
+        pointers.clear()
+        pool._end_capture(token, False)
+        raise
     if touched is not None:
         touched.extend(p.ptr for p in pointers)
     if shared is not None:
@@ -332,6 +345,7 @@ def test_out_of_memory_reports_sizes():
     assert error.reserved_bytes == 4 << 20
     assert (error.device_free_bytes, error.device_total_bytes) == (4 << 20, 8 << 20)
     assert "6.00 MiB" in str(error) and "rolled back" in str(error)
+    assert_out_of_memory_was_due(error, pool, backing, STREAM)
     del first
     pool._end_capture(token, False)
     assert pool.stats().reserved_bytes == 0
@@ -452,8 +466,9 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
             try:
                 # every third capture keeps no output: its graph's memory is all temporary
                 seq, kept = capture(pool, [n, n // 2 + 1], keep=[0] if n % 3 else [],
-                                    succeed=ok, shared=shared, touched=touched)
-            except PoolOutOfMemoryError:
+                                    succeed=ok, shared=shared, touched=touched,
+                                    backing=backing)
+            except PoolOutOfMemoryError:  # predicted by the model: capture() checked it
                 continue
             if shared is not None:
                 if workspace is not None:
@@ -501,3 +516,26 @@ def test_pool_accounts_add_up_after_any_sequence(ops, private):
         pool._remove_graph(seq)
     pool.empty_cache()
     assert backing.live == {}
+
+
+def test_the_out_of_memory_check_catches_an_error_the_model_does_not_predict():
+    # A backing allocator that refuses while it has room: the pool's error is then not
+    # explained by the device, and the check the model tests rely on must say so.
+    class Refusing(FakeBackingAllocator):
+        def malloc(self, nbytes: int) -> int:
+            raise BackingOutOfMemoryError(nbytes)
+
+    backing = Refusing(capacity=64 << 20)
+    pool = MemPool(backing=backing)
+    with pytest.raises(PoolOutOfMemoryError) as info:
+        capture(pool, [1 << 20])
+    with pytest.raises(AssertionError, match="free for a segment"):
+        assert_out_of_memory_was_due(info.value, pool, backing, STREAM)
+    # And one while a free block of the pool could have served the request.
+    backing = FakeBackingAllocator(capacity=8 << 20)
+    pool = MemPool(backing=backing)
+    capture(pool, [6 << 20])  # its 6 MiB temporary stays cached, free, after the capture
+    free, total = backing.mem_info()
+    claimed = PoolOutOfMemoryError(4 << 20, pool.stats().reserved_bytes, free, total)
+    with pytest.raises(AssertionError, match="could have served"):
+        assert_out_of_memory_was_due(claimed, pool, backing, STREAM)

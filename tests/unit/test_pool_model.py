@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from cugraphrt import MemPool, PoolOutOfMemoryError
 
-from .fakes import FakeBackingAllocator
+from .fakes import FakeBackingAllocator, assert_out_of_memory_was_due
 
 STREAM = 0x1234
 SIZES = st.one_of(st.integers(1, 1 << 20), st.integers((1 << 20) + 1, 6 << 20))
@@ -69,7 +69,9 @@ class PoolModel(RuleBasedStateMachine):
     def allocate(self, nbytes):
         try:
             pointer = self.pool._allocate(nbytes, STREAM, self.token)
-        except PoolOutOfMemoryError:
+        except PoolOutOfMemoryError as error:
+            assert error.requested_bytes == nbytes
+            assert_out_of_memory_was_due(error, self.pool, self.backing, STREAM)
             return
         assert pointer.mem.size >= nbytes and pointer.ptr % 512 == 0
         self.next_id += 1
