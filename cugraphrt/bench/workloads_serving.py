@@ -282,18 +282,32 @@ def _device(served: _Served, row: RowBuilder) -> None:
 
 
 def _device_bytes(release: Callable[[], None], build: Callable[[], Any] | None) -> int:
-    """What ``cudaMemGetInfo`` sees ``build()``'s result hold: every cache emptied before
-    the build and again after it (what a server reclaims before sizing its KV cache), the
-    result alive while measured."""
+    """What ``cudaMemGetInfo`` sees ``build()``'s result hold: the device memory that comes
+    back when the built family is dropped, every cache emptied before each reading (what a
+    server reclaims before sizing its KV cache).
+
+    Read across the drop, not across the build: a build's captures also release what
+    earlier graphs left for a safe point, which a reading before the build would count
+    against it (on an H100 the serving family read -148 MiB that way).
+
+    Raises
+    ------
+    RuntimeError
+        When less memory is free after the drop than before it (something else allocated
+        meanwhile: the reading says nothing about the family).
+    """
     if build is None:
         raise SystemUnavailable("no reference family to build")
     release()
-    free_before = cupy.cuda.runtime.memGetInfo()[0]
     built = build()
     release()
-    used = free_before - cupy.cuda.runtime.memGetInfo()[0]
+    free_held = cupy.cuda.runtime.memGetInfo()[0]
     del built
     release()
+    used = cupy.cuda.runtime.memGetInfo()[0] - free_held
+    if used < 0:
+        raise RuntimeError(f"device memory fell by {-used} bytes when the family was dropped: "
+                           f"another allocation ran meanwhile, the reading is void")
     return used
 
 

@@ -177,11 +177,14 @@ def test_convnet_rows_without_torch_are_na(monkeypatch):
         assert all(c == NotAvailable("torch not installed") for c in row.cells.values())
 
 
-def test_device_bytes_are_what_the_live_family_holds_with_caches_emptied(monkeypatch):
-    # cudaMemGetInfo, faked: the family takes 48 MiB and leaves 16 MiB in a cache, which the
-    # release after the build gives back; the family dies only after the second reading.
+def test_device_bytes_are_what_comes_back_when_the_family_is_dropped(monkeypatch):
+    # cudaMemGetInfo, faked. Before the build, 100 MiB of an earlier graph wait for a safe
+    # point; the build's captures reach one, and the release after the build returns them
+    # (a reading across the build would count -36 MiB). The family holds 64 MiB, 16 of them
+    # cached and given back by the release after the build.
     free = [1000 << 20]
     events: list[str] = []
+    pending = [100 << 20]
 
     class Family:
         def __init__(self) -> None:
@@ -194,7 +197,8 @@ def test_device_bytes_are_what_the_live_family_holds_with_caches_emptied(monkeyp
 
     def release() -> None:
         events.append("release")
-        if "built" in events and "dropped" not in events and free[0] < 1000 << 20:
+        if "built" in events and "dropped" not in events:
+            free[0] += pending.pop() if pending else 0
             free[0] += 16 << 20 if events.count("release") == 2 else 0
 
     def mem_info():
@@ -202,8 +206,19 @@ def test_device_bytes_are_what_the_live_family_holds_with_caches_emptied(monkeyp
         return free[0], 2000 << 20
 
     monkeypatch.setattr(workloads_serving.cupy.cuda.runtime, "memGetInfo", mem_info)
-    used = workloads_serving._device_bytes(release, Family)
-    assert used == 48 << 20
-    assert events == ["release", "read", "built", "release", "read", "dropped", "release"]
+    assert workloads_serving._device_bytes(release, Family) == 48 << 20
+    assert events == ["release", "built", "release", "read", "dropped", "release", "read"]
     with pytest.raises(SystemUnavailable, match="no reference family"):
         workloads_serving._device_bytes(release, None)
+
+
+def test_a_device_reading_that_fell_across_the_drop_is_void(monkeypatch):
+    free = [1000 << 20]
+
+    def release() -> None:
+        free[0] -= 1 << 20  # someone else allocates at every release
+
+    monkeypatch.setattr(workloads_serving.cupy.cuda.runtime, "memGetInfo",
+                        lambda: (free[0], 2000 << 20))
+    with pytest.raises(RuntimeError, match="the reading is void"):
+        workloads_serving._device_bytes(release, lambda: object())
