@@ -53,7 +53,7 @@ def render_results(results: Path) -> str:
         "",
         "Every table below is a report that `cugraphrt bench --json` wrote, rendered by "
         "`python -m cugraphrt.bench.publish` as the bench prints it (no GPU needed). The "
-        "reports are in [results/](results/), listed in `results/manifest.json` with the "
+        "reports are in `docs/results/`, listed in `results/manifest.json` with the "
         "commit and the command of each run; a test fails when this page is not what they "
         "render. A block is titled by its workload's name (a report keeps no description: "
         "today's would misdescribe an older run); what each workload measures and its "
