@@ -275,7 +275,7 @@ class Graph:
                 return
             if not _pool_checks:  # several devices: launch here only on the graph's own
                 # One device query, then CuPy's current stream of the graph's device by
-                # number (docs/performance.md, "Several devices").
+                # number (docs/performance.md, "What remains on the replay path").
                 if stream is None:
                     if _get_device() == self._device:
                         _launch(self._exec, _current_stream(self._device).ptr)

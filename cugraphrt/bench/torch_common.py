@@ -33,7 +33,7 @@ CAPTURE_TARGET = 1.05
 #: 0.82-1.35x, while its per-call row read 1.00x); so did one `capture_time` training row
 #: in four (1.18x inside 0.96-1.49x). With fifteen, three of one busy host's four runs
 #: missed (1.06-1.12x). With 21, `--real` passed six runs of six, but ResNet-50 in
-#: `--quick` still missed four of six (docs/performance.md, fourth session): those verdicts
+#: `--quick` still missed four of six (git history of docs/performance.md): those verdicts
 #: used the ratio of medians, which a regime change swings (see ``spread.ratio``). A
 #: `--real` run took 65-83 s with 15 or 21.
 CAPTURE_BUILDS = 21

@@ -175,7 +175,7 @@ TRAIN_SYSTEMS = ("torch_eager", "torch_graphed", "cugraphrt_torch")
 #: fixed ~10-20 us of wrapper work out of 420-620 us of host-bound step (the eager loss,
 #: autograd's engine, AccumulateGrad), so the ratio measured the host (0.87x-0.97x on H100s,
 #: 0.91x on an H200) more than the system; a stable 0.95x would need the alias guard dropped
-#: (docs/performance.md, "torch_train").
+#: (those runs: git history of docs/performance.md, before issue 41).
 TRAIN_TARGET = 1.00
 
 
