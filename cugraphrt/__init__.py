@@ -6,10 +6,23 @@ The public namespace is assembled here from the modules that own each concept; s
 
 from __future__ import annotations
 
-from . import _require  # noqa: F401 - first: a clear error without CuPy
-from ._capture import is_current_stream_capturing
-from .control import cond, while_loop
-from .errors import (
+from cugraphrt import _require  # noqa: F401 - first: a clear error without CuPy
+from cugraphrt._callables.graphed import BucketedFunction, GraphedFunction, make_graphed
+from cugraphrt._capture.graph_context import default_capture_stream, graph
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._capture.launcher import Launcher
+from cugraphrt._capture.stream import Stream, StreamGraph
+from cugraphrt._capture.stream_capture import is_current_stream_capturing
+from cugraphrt._control.loops import cond, while_loop
+from cugraphrt._memory.pool import (
+    MemPool,
+    empty_cache,
+    graph_pool_handle,
+    pool_checks_enabled,
+    set_pool_checks,
+)
+from cugraphrt._memory.pool_summary import device_stats, memory_summary
+from cugraphrt.errors import (
     CaptureError,
     CollectiveTimeoutError,
     CugraphrtError,
@@ -19,11 +32,7 @@ from .errors import (
     PoolOutOfMemoryError,
     ReplayError,
 )
-from .graph_context import default_capture_stream, graph
-from .graphed import BucketedFunction, GraphedFunction, make_graphed
-from .graphs import Graph
-from .launcher import Launcher
-from .options import (
+from cugraphrt.options import (
     BucketStat,
     BucketStats,
     CaptureOptions,
@@ -32,15 +41,6 @@ from .options import (
     MakeGraphedOptions,
     PoolStats,
 )
-from .pool import (
-    MemPool,
-    empty_cache,
-    graph_pool_handle,
-    pool_checks_enabled,
-    set_pool_checks,
-)
-from .pool_summary import device_stats, memory_summary
-from .stream import Stream, StreamGraph
 
 __version__ = "0.1.0"
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel
 
-from ._exit_codes import NO_GPU_EXIT_CODE
+from cugraphrt._exit_codes import NO_GPU_EXIT_CODE
 
 __all__ = ["main", "InfoResult", "collect_info", "gpu_advice", "NO_GPU_EXIT_CODE"]
 
@@ -44,7 +44,7 @@ class InfoResult(BaseModel):
 
 def collect_info() -> InfoResult:
     """Versions of cugraphrt, CuPy, CUDA, the GPUs, and whether torch and the adapter import."""
-    from . import __version__
+    from cugraphrt import __version__
 
     try:
         import cupy
@@ -59,7 +59,7 @@ def collect_info() -> InfoResult:
         result.cuda_driver_version = runtime.driverGetVersion()
         if runtime.getDeviceCount() == 0:  # raises with the reason where CUDA has one
             raise RuntimeError("CUDA reports no device")
-        from .pool_summary import device_stats
+        from cugraphrt._memory.pool_summary import device_stats
 
         pools = {s.device_id: s for s in device_stats()}  # this process's pools, per device
         for index in range(runtime.getDeviceCount()):

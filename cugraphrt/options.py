@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import OptionsError
+from cugraphrt.errors import OptionsError
 
 __all__ = [
     "CaptureErrorMode",
@@ -196,7 +196,7 @@ class BucketStats(_Frozen):
     pool: PoolStats
 
     def __str__(self) -> str:
-        from .errors import _fmt_bytes
+        from cugraphrt.errors import _fmt_bytes
 
         header = ("bucket", "captured", "calls", "captures", "evictions", "padded rows",
                   "capture ms", "pool growth")

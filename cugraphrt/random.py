@@ -20,9 +20,11 @@ from collections.abc import Sequence
 import cupy
 import numpy as np
 
-from . import _capture, _cuda, _philox
-from .errors import CaptureError, OptionsError
-from .options import GeneratorState
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._libraries import philox as _philox
+from cugraphrt.errors import CaptureError, OptionsError
+from cugraphrt.options import GeneratorState
 
 __all__ = [
     "Generator",

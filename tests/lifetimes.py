@@ -32,7 +32,7 @@ from typing import Any
 
 import cupy
 
-from cugraphrt import graphs
+from cugraphrt._capture import graphs
 
 #: Every case's capture frees a temporary of this size inside the capture: memory the graph
 #: pins, visible in its pool's reserved bytes and in ``cudaMemGetInfo``.

@@ -28,8 +28,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cugraphrt import _cuda
-from cugraphrt.backing import capture_activity
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._memory.backing import capture_activity
 from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
@@ -86,7 +86,7 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
     """Torch's allocations in a conditional node's body come from the capture's pool.
 
     Torch routes the allocations of a capture to its graph's MemPool by the CUDA capture id,
-    and a body is captured under an id of its own (see cugraphrt.control). So the body gets a
+    and a body is captured under an id of its own (see cugraphrt._control.loops). So the body gets a
     torch MemPool of its own on this thread, built on the same allocator, and the body's
     capture id is served like the capture's. The MemPool lives as long as the graph (its
     blocks are the body's memory on every replay), and goes with it (:class:`_BodyPool`).

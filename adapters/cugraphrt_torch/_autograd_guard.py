@@ -30,7 +30,8 @@ Which replays can overwrite a buffer? Memory a capture allocated stays the graph
 its tensors live, so later captures into the pool never get it; earlier captures may have used
 it as scratch. Hence a replay of the graph captured ``seq``-th can overwrite the outputs of the
 graphs captured at or after ``seq`` in the same pool, and the guard settles only those. That
-rule, and the per-pool list of what is pending, is :class:`cugraphrt._overwrites.OverwriteOrder`,
+rule, and the per-pool list of what is pending, is
+:class:`cugraphrt._memory.overwrites.OverwriteOrder`,
 which the check of overwritten forward outputs (:mod:`cugraphrt_torch._output_check`) shares:
 ``AliasGuard`` is its name here.
 
@@ -50,7 +51,7 @@ from typing import Any
 
 import torch
 
-from cugraphrt._overwrites import OverwriteOrder, order_for
+from cugraphrt._memory.overwrites import OverwriteOrder, order_for
 
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 

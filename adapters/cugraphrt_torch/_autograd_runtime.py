@@ -20,7 +20,7 @@ from typing import Any, cast
 import torch
 from torch.autograd.function import once_differentiable
 
-from cugraphrt._overwrites import OutputCheck
+from cugraphrt._memory.overwrites import OutputCheck
 from cugraphrt.errors import ReplayError
 
 from ._autograd_guard import AliasGuard, GradBuffers

@@ -7,7 +7,7 @@ differentiable collectives of ``torch.distributed.nn``, DDP's reducer in C++. A
 ``TorchDispatchMode`` active during the capture sees them all, backward ones included: the
 autograd engine runs a backward with the thread-local state of the thread that called it
 (dispatch modes among it), also on its device threads. The mode records each one into the
-capture's :class:`~cugraphrt.collective_log.CollectiveLog`; when the capture ends the graph is
+capture's :class:`~cugraphrt.distributed.log.CollectiveLog`; when the capture ends the graph is
 armed (:func:`arm`): checked across ranks through the process group's store before its first
 replay, watched afterwards if a collective timeout is set, and released before its process
 group shuts down (see :mod:`cugraphrt_torch._lifecycle`).
@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cugraphrt.collective_log import Collective, log_for, track
-from cugraphrt.collective_replay import first_replay
-from cugraphrt.collective_watchdog import collective_timeout, guard_capture
-from cugraphrt.crossrank import exchange_over_store
+from cugraphrt.distributed.crossrank import exchange_over_store
+from cugraphrt.distributed.log import Collective, log_for, track
+from cugraphrt.distributed.replay import first_replay
+from cugraphrt.distributed.watchdog import collective_timeout, guard_capture
 
 from . import _torch
 
@@ -184,7 +184,7 @@ def prepare() -> None:
 def recording(capture: Any) -> Iterator[None]:
     """Record ``capture``'s collectives while the block runs (nothing without a process
     group); with a collective timeout set, watch the capture itself too (see
-    :func:`cugraphrt.collective_watchdog.guard_capture`)."""
+    :func:`cugraphrt.distributed.watchdog.guard_capture`)."""
     if not enabled():
         yield
         return

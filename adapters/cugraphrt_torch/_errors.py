@@ -20,7 +20,9 @@ import traceback
 
 import torch
 
-from cugraphrt import _cuda, _diagnose
+import cugraphrt
+from cugraphrt._capture import diagnose as _diagnose
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.errors import CaptureError, PoolOutOfMemoryError
 
 __all__ = ["capture_error", "torch_capture_status", "TorchPoolOutOfMemoryError",
@@ -76,7 +78,7 @@ _OPERATIONS = (
 # diagnosis skips CuPy's and its own already).
 _PACKAGE_DIRS = tuple(
     os.path.dirname(os.path.abspath(path)) + os.sep
-    for path in (torch.__file__, _cuda.__file__, __file__)
+    for path in (torch.__file__, cugraphrt.__file__, __file__)
 )
 
 
@@ -122,7 +124,7 @@ def capture_error(exc: BaseException, where: str | None = None,
     where : str, optional
         The call that failed when no line of the caller's code is involved, such as
         ``"torch.cuda.CUDAGraph.capture_end()"``.
-    capture : cugraphrt._capture.Capture, optional
+    capture : cugraphrt._capture.stream_capture.Capture, optional
         The capture underway, for its mode and stream when the cause must be inferred.
     """
     if isinstance(exc, CaptureError):

@@ -12,7 +12,7 @@ communicator and waits the same way.
 So once a graph holding collectives exists, :func:`install` wraps
 ``ProcessGroup.shutdown`` (what ``destroy_process_group`` calls for each group, however it
 was imported): the graphs holding collectives of that group are reset first
-(:func:`cugraphrt.collective_log.release_graphs`), and at exit all of them are (an
+(:func:`cugraphrt.distributed.log.release_graphs`), and at exit all of them are (an
 ``atexit`` handler, which runs before the interpreter destroys the process groups). A
 released graph raises :class:`cugraphrt.ReplayError` if replayed.
 """
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 
-from cugraphrt.collective_log import release_graphs
+from cugraphrt.distributed.log import release_graphs
 
 __all__ = ["install"]
 

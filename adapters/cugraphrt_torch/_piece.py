@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
-from cugraphrt import pool as _pool_module
-from cugraphrt._overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._memory import pool as _pool_module
+from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
-from cugraphrt.graphs import Graph
-from cugraphrt.pool import MemPool
 
 from ._output_check import FIX_COMPILE, checkable, make_check
 from ._piece_buckets import PieceBuckets, static_addresses
@@ -123,7 +123,7 @@ class _Recording:
         self.write_back = write_back
         self.outputs = outputs
         self.clone = clone
-        self.seq = seq  # capture order in the pool (cugraphrt._overwrites)
+        self.seq = seq  # capture order in the pool (cugraphrt._memory.overwrites)
         self.checked = checked  # the outputs handed out as checked aliases
 
 

@@ -4,7 +4,8 @@ Without buckets, a piece that dynamo compiled with a dynamic size (its ``s0``) h
 recording per size it meets, up to ``max_graphs``, and runs further sizes eagerly. With
 ``options={"buckets": ...}`` an inference piece runs a call of size ``n`` on the graph of the
 smallest bucket ``>= n`` instead. The machinery is the core's
-(:class:`cugraphrt.buckets.Bucketed`: static buffers sized for the largest bucket, padding,
+(:class:`cugraphrt._callables.buckets.Bucketed`: static buffers sized for the largest bucket,
+padding,
 one pool, outputs cut back to ``n``); this module reads off the AOT graph what it needs, which
 is exact where the other front ends must be told or guess:
 
@@ -25,10 +26,10 @@ from typing import Any, cast
 
 import torch
 
-from cugraphrt._overwrites import order_for
-from cugraphrt.buckets import Bucketed, CapturedBucket
-from cugraphrt.graphs import Graph
-from cugraphrt.pool import MemPool
+from cugraphrt._callables.buckets import Bucketed, CapturedBucket
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._memory.overwrites import order_for
+from cugraphrt._memory.pool import MemPool
 
 from ._output_check import FIX_COMPILE, make_check
 from .bucketed import _TorchOps
@@ -185,7 +186,8 @@ class _Calls:
         seq = order_for(pool).next_seq()  # before any other capture
         replay = session._replay
         assert replay is not None
-        # Bucket graphs replay in any order (cugraphrt.buckets): past the pool-order checks.
+        # Bucket graphs replay in any order (see the buckets module): past the pool-order
+        # checks.
         return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
 
 

@@ -1,6 +1,7 @@
 """graph_module with buckets: a torch module's forward graphed once per shape bucket.
 
-The bucket machinery is the core's (:mod:`cugraphrt.buckets`); this module only says how torch
+The bucket machinery is the core's (:mod:`cugraphrt._callables.buckets`); this module only says how
+torch
 tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
 captures its one shape: warm-up on the capture stream under ``torch.no_grad()``, then a
 capture owned by torch's ``CUDAGraph`` with memory from the shared cugraphrt pool.
@@ -14,11 +15,11 @@ from typing import Any
 import cupy
 import torch
 
-from cugraphrt._overwrites import order_for
-from cugraphrt.buckets import Bucketed, CapturedBucket
+from cugraphrt._callables.buckets import Bucketed, CapturedBucket
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._memory.overwrites import order_for
+from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import ReplayError
-from cugraphrt.graphs import Graph
-from cugraphrt.pool import MemPool
 
 from ._output_check import FIX_COPY, make_check
 from .capture import graph
@@ -104,7 +105,7 @@ class BucketedModule:
             replay = session._replay
             assert replay is not None
             # Torch's own replay, on torch's current stream, past the pool-order checks: the
-            # bucket graphs of one pool may replay in any order (see cugraphrt.buckets). Go
+            # bucket graphs of one pool may replay in any order (see the buckets module). Go
             # through the adapter's replay object, never torch's bound method: a reset
             # disarms the former, while the latter would keep torch's graph and pool alive.
             return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq)

@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import cupy
 
-from cugraphrt import _cuda
-from cugraphrt import pool as _pool_module
-from cugraphrt.devices import check_capture_stream, check_replay_stream
+from cugraphrt._capture.graphs import Graph, _resolve_pool
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._cuda.devices import check_capture_stream, check_replay_stream
+from cugraphrt._memory import pool as _pool_module
+from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayError
-from cugraphrt.graphs import Graph, _resolve_pool
 from cugraphrt.options import CaptureOptions, validate_options
-from cugraphrt.pool import MemPool
 
 from . import _alloc, _collective_mode, _errors, _torch
 
 if TYPE_CHECKING:
-    from cugraphrt._capture import Capture
+    from cugraphrt._capture.stream_capture import Capture
 
 __all__ = ["graph"]
 

@@ -27,12 +27,12 @@ import weakref
 from collections.abc import Callable
 from typing import cast
 
-from cugraphrt import _cuda
 from cugraphrt import graph_pool_handle as _core_graph_pool_handle
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import CaptureError, OptionsError, ReplayError
-from cugraphrt.graphs import Graph
 from cugraphrt.options import CaptureOptions, validate_options
-from cugraphrt.pool import MemPool
 
 from . import _torch
 from .capture import _Replay, _Session

@@ -19,7 +19,7 @@ import torch
 import torch._guards
 from pydantic import Field
 
-from cugraphrt.buckets import resolve_buckets
+from cugraphrt._callables.buckets import resolve_buckets
 from cugraphrt.errors import OptionsError
 from cugraphrt.options import _Frozen, validate_options
 

@@ -9,13 +9,13 @@ import cupy
 import torch
 
 from cugraphrt import _tree
-from cugraphrt import pool as _pool_module
-from cugraphrt._overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._capture.graph_context import default_capture_stream
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._memory import pool as _pool_module
+from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import OptionsError, ReplayError
-from cugraphrt.graph_context import default_capture_stream
-from cugraphrt.graphs import Graph
 from cugraphrt.options import MakeGraphedOptions, validate_options
-from cugraphrt.pool import MemPool
 
 from . import _torch
 from ._output_check import FIX_COPY, checkable, make_check
@@ -213,7 +213,7 @@ class GraphedModule:
         self._num_inputs = len(static_inputs)
         self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
         self._out_is_tensor = isinstance(outputs, _Tensor)
-        # Overwritten outputs (cugraphrt._overwrites): the pool's order is settled before
+        # Overwritten outputs (cugraphrt._memory.overwrites): the pool's order is settled before
         # every replay, so outputs of other graphs this one may overwrite get marked too.
         self._order = order if order is not None else OverwriteOrder()
         self._seq = seq

@@ -130,7 +130,7 @@ def _tp(torch: Any, rank: int, world: int, device: Any, loops: tuple[int, int]
     from cugraphrt_torch.distributed import capture_stream
 
     import cugraphrt
-    from cugraphrt.collective_watchdog import set_collective_timeout
+    from cugraphrt.distributed.watchdog import set_collective_timeout
 
     decoders = {s: build(torch, _TP, rank=rank, world=world, device=device,
                          dtype=torch.bfloat16) for s in TP_SYSTEMS}

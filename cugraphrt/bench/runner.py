@@ -19,7 +19,8 @@ from pathlib import Path
 from time import perf_counter
 from typing import Any
 
-from .._exit_codes import NO_GPU_EXIT_CODE
+from cugraphrt._exit_codes import NO_GPU_EXIT_CODE
+
 from . import render, spread
 from .host import collect_versions, device_name
 from .records import BenchRecord, BenchReport, CellNote, RowInfo, TargetResult, WorkloadError

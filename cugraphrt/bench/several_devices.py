@@ -3,7 +3,7 @@
 ``Graph.replay()`` takes one of two paths on the graph's own device (docs/performance.md,
 "What remains on the replay path"): with one device visible it asks CUDA nothing; with
 several it asks which device is current (``cudaGetDevice``) before it launches, and switches
-when another one is. :func:`cugraphrt.graphs._note_devices` picks the path once, from the
+when another one is. :func:`cugraphrt._capture.graphs._note_devices` picks the path once, from the
 device count, through two module flags. The ``replay`` workload's row ``graph launch,
 several devices`` sets the same flags around its batches, so that a one-GPU host times the
 Python a several-GPU host runs (issue 24 asks for both). On the graph's device, that path
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cugraphrt import graphs
+from cugraphrt._capture import graphs
 
 __all__ = ["several_devices_path"]
 

@@ -17,7 +17,7 @@ import cupy
 import numpy as np
 
 import cugraphrt
-from cugraphrt._blocks import ALIGNMENT
+from cugraphrt._memory.blocks import ALIGNMENT
 
 from .several_devices import several_devices_path
 from .spec import (

@@ -16,7 +16,7 @@ import threading
 import cupy
 from cupy.cuda import runtime
 
-from cugraphrt import _cuda
+from cugraphrt._cuda import runtime as _cuda
 
 MODES = {"global": 0, "thread_local": 1}
 KERNEL = 'extern "C" __global__ void k_{n}(float* x) {{ x[threadIdx.x] += 1.0f; }}'

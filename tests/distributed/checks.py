@@ -26,8 +26,8 @@ from cugraphrt_torch.distributed import capture_stream, check_capture
 
 import cugraphrt
 from cugraphrt import CaptureError, CollectiveTimeoutError
-from cugraphrt.collective_watchdog import pending_error
-from cugraphrt.distributed import set_collective_timeout
+from cugraphrt.distributed.collectives import set_collective_timeout
+from cugraphrt.distributed.watchdog import pending_error
 
 N = 4096
 TIMEOUT_S = 3.0

@@ -119,7 +119,7 @@ def part_cupy(rank: int, world: int, device) -> None:
     import cupy
     from cupy.cuda import nccl
 
-    from cugraphrt.distributed import Collectives
+    from cugraphrt.distributed.collectives import Collectives
 
     uid = [nccl.get_unique_id() if rank == 0 else None]
     dist.broadcast_object_list(uid, src=0)

@@ -34,7 +34,7 @@ def _clean_state():
     import cupy
 
     import cugraphrt
-    from cugraphrt import _capture
+    from cugraphrt._capture import stream_capture as _capture
 
     cugraphrt.set_pool_checks(False)
     yield

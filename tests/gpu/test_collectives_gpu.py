@@ -11,9 +11,10 @@ pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
 import cugraphrt  # noqa: E402
-from cugraphrt import ReplayError, collective_log  # noqa: E402
-from cugraphrt.collective_log import Collective  # noqa: E402
-from cugraphrt.distributed import Collectives  # noqa: E402
+from cugraphrt import ReplayError  # noqa: E402
+from cugraphrt.distributed import log as collective_log  # noqa: E402
+from cugraphrt.distributed.collectives import Collectives  # noqa: E402
+from cugraphrt.distributed.log import Collective  # noqa: E402
 
 
 @pytest.fixture

@@ -8,7 +8,9 @@ import pytest
 
 import cugraphrt
 import cugraphrt.random as crandom
-from cugraphrt import CaptureError, Graph, _conditional, _cuda, graph
+from cugraphrt import CaptureError, Graph, graph
+from cugraphrt._cuda import conditional as _conditional
+from cugraphrt._cuda import runtime as _cuda
 
 pytestmark = pytest.mark.gpu
 

@@ -306,7 +306,7 @@ def test_every_solver_is_a_capture_error_naming_the_call(name, warm, randn):
 def test_kernels_compiled_during_a_capture_are_noted_and_work(randn):
     # Loading a module during a capture is legal on current drivers; cugraphrt notes the
     # kernels so that an invalidated capture can name them.
-    from cugraphrt import _capture
+    from cugraphrt._capture import stream_capture as _capture
 
     x = randn((512,))
     kernel = cupy.ElementwiseKernel("float32 a", "float32 b", "b = a * 3.25f + 1.0f",

@@ -152,7 +152,7 @@ def test_graph_holding_a_collective_keeps_itself_through_its_checked_replays(
         rng, solo, watchdog):  # noqa: F811 - the fixture
     """First replay: the cross-rank check; later ones: the steady replay (watched with a
     collective timeout). A one-rank communicator's sum is the value itself."""
-    from cugraphrt.collective_watchdog import set_collective_timeout
+    from cugraphrt.distributed.watchdog import set_collective_timeout
 
     set_collective_timeout(60.0 if watchdog else None)
     try:

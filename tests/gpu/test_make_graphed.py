@@ -8,7 +8,7 @@ import pytest
 
 import cugraphrt
 from cugraphrt import OptionsError, ReplayError, make_graphed
-from cugraphrt import graphed as graphed_module
+from cugraphrt._callables import graphed as graphed_module
 
 pytestmark = pytest.mark.gpu
 

@@ -8,7 +8,7 @@ import pytest
 
 import cugraphrt.random as crandom
 from cugraphrt import CaptureError, Graph, OptionsError, graph
-from cugraphrt._philox import reference_randint, reference_uniform
+from cugraphrt._libraries.philox import reference_randint, reference_uniform
 
 pytestmark = pytest.mark.gpu
 

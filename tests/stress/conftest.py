@@ -44,8 +44,8 @@ def figures():
 @pytest.fixture(autouse=True)
 def _clean_state():
     """No capture underway before or after a case, and nothing left for the next one."""
-    from cugraphrt import _capture
-    from cugraphrt.backing import capture_activity
+    from cugraphrt._capture import stream_capture as _capture
+    from cugraphrt._memory.backing import capture_activity
 
     yield
     leaked = list(_capture._tls.captures)

@@ -11,9 +11,12 @@ import numpy as np
 import pytest
 
 import cugraphrt
-from cugraphrt import CugraphrtError, Graph, PoolOutOfMemoryError, _capture, _cuda, _libs, graph
-from cugraphrt import graphs as graphs_module
-from cugraphrt.backing import capture_activity
+from cugraphrt import CugraphrtError, Graph, PoolOutOfMemoryError, graph
+from cugraphrt._capture import graphs as graphs_module
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._libraries import capture_setup as _libs
+from cugraphrt._memory.backing import capture_activity
 
 from ._measure import MiB, device_used_bytes, growth_limit
 

@@ -21,8 +21,8 @@ if not dist.is_available():
 
 from cugraphrt_torch import _collective_mode, _lifecycle  # noqa: E402
 
-from cugraphrt import collective_log  # noqa: E402
-from cugraphrt.collective_log import Collective  # noqa: E402
+from cugraphrt.distributed import log as collective_log  # noqa: E402
+from cugraphrt.distributed.log import Collective  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -119,8 +119,9 @@ _TWO_RANKS = """
 import os, sys
 import torch.distributed as dist
 from cugraphrt_torch._collective_mode import TorchExchanger
-from cugraphrt.collective_log import Collective, CollectiveLog
-from cugraphrt import crossrank, CaptureError
+from cugraphrt.distributed.log import Collective, CollectiveLog
+from cugraphrt import CaptureError
+from cugraphrt.distributed import crossrank
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 ar = Collective("all_reduce", "float32", 4096, "0", "sum")

@@ -264,7 +264,7 @@ def test_graph_holding_an_all_reduce_keeps_itself_through_its_checked_replays(
         inputs, group_of_one, watchdog, capture_stream):
     """First replay: the cross-rank check; later ones: the steady replay (watched with a
     collective timeout). A one-rank group's sum is the value itself."""
-    from cugraphrt.collective_watchdog import set_collective_timeout
+    from cugraphrt.distributed.watchdog import set_collective_timeout
 
     x, w = inputs
 

@@ -25,7 +25,7 @@ from cugraphrt_torch._piece import Piece, PieceSettings, _Recording  # noqa: E40
 from cugraphrt_torch.module import GraphedModule  # noqa: E402
 
 from cugraphrt import OptionsError  # noqa: E402
-from cugraphrt._overwrites import OutputCheck, OverwriteOrder  # noqa: E402
+from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder  # noqa: E402
 
 from .test_autograd_cpu import F64, backward_twice, fake_group, linear_pair  # noqa: E402
 

@@ -15,9 +15,11 @@ from dataclasses import dataclass, field
 
 from cupy_backends.cuda.api import runtime
 
-from cugraphrt import _cuda, devices, graphs
-from cugraphrt import launcher as launcher_module
-from cugraphrt._graph_handles import GraphHandles
+from cugraphrt._capture import graphs
+from cugraphrt._capture import launcher as launcher_module
+from cugraphrt._capture.graph_handles import GraphHandles
+from cugraphrt._cuda import devices
+from cugraphrt._cuda import runtime as _cuda
 
 
 class Stream:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cugraphrt.backing import BACKING_INTERFACE_VERSION, BackingOutOfMemoryError
+from cugraphrt._memory.backing import BACKING_INTERFACE_VERSION, BackingOutOfMemoryError
 
 
 class FakeBackingAllocator:
@@ -46,7 +46,7 @@ def assert_out_of_memory_was_due(error, pool, backing, stream) -> None:
     the pool could serve the request on ``stream``, and the fake device had less free memory
     than the segment the request needed. The error's figures are the pool's and the device's.
     """
-    from cugraphrt._blocks import ALIGNMENT, SMALL_REQUEST_BYTES, round_up, segment_size_for
+    from cugraphrt._memory.blocks import ALIGNMENT, SMALL_REQUEST_BYTES, round_up, segment_size_for
 
     size = round_up(max(error.requested_bytes, 1), ALIGNMENT)
     small = size <= SMALL_REQUEST_BYTES

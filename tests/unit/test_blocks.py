@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cugraphrt._blocks import (
+from cugraphrt._memory.backing import BackingOutOfMemoryError
+from cugraphrt._memory.blocks import (
     ALIGNMENT,
     SMALL_SEGMENT_BYTES,
     BlockArena,
     round_up,
     segment_size_for,
 )
-from cugraphrt.backing import BackingOutOfMemoryError
 
 from .fakes import FakeBackingAllocator
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cugraphrt import BucketStats, MemPool, OptionsError, ReplayError
-from cugraphrt.buckets import Bucketed, CapturedBucket, resolve_buckets
+from cugraphrt._callables.buckets import Bucketed, CapturedBucket, resolve_buckets
 
 from .fakes import FakeBackingAllocator
 

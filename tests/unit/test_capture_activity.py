@@ -1,4 +1,4 @@
-"""The process-wide capture gate (cugraphrt.backing.capture_activity), without a GPU.
+"""The process-wide capture gate (cugraphrt._memory.backing.capture_activity), without a GPU.
 
 Captures are the readers, calls that invalidate every capture (cublasCreate) the writers:
 a writer waits until no capture is underway and holds new captures back meanwhile.
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from cugraphrt import CaptureError
-from cugraphrt.backing import _CaptureActivity
+from cugraphrt._memory.backing import _CaptureActivity
 
 
 def test_exclusive_waits_for_captures_and_holds_new_ones_back():

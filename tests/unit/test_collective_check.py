@@ -9,8 +9,12 @@ import types
 
 import pytest
 
-from cugraphrt import CaptureError, collective_log, collective_replay, crossrank, distributed
-from cugraphrt.collective_log import Collective, CollectiveLog
+from cugraphrt import CaptureError
+from cugraphrt.distributed import collectives as distributed
+from cugraphrt.distributed import crossrank
+from cugraphrt.distributed import log as collective_log
+from cugraphrt.distributed import replay as collective_replay
+from cugraphrt.distributed.log import Collective, CollectiveLog
 
 AR = Collective("all_reduce", "float32", 4096, "0", "sum")
 AG = Collective("all_gather", "float32", 4096, "0")

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from cugraphrt import CollectiveTimeoutError, OptionsError, collective_watchdog
-from cugraphrt.collective_log import Collective, CollectiveLog
+from cugraphrt import CollectiveTimeoutError, OptionsError
+from cugraphrt.distributed import watchdog as collective_watchdog
+from cugraphrt.distributed.log import Collective, CollectiveLog
 
 
 class FakeEvents:

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 import cugraphrt
-from cugraphrt import CaptureError, OptionsError, _conditional, control
+from cugraphrt import CaptureError, OptionsError
+from cugraphrt._control import loops as control
+from cugraphrt._cuda import conditional as _conditional
 
 
 @pytest.mark.parametrize("bad", [-1, 2.5, "3", True, 2**63])

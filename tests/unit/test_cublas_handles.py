@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from cugraphrt import _cublas
+from cugraphrt._cuda import cublas as _cublas
 
 
 def in_thread(fn):

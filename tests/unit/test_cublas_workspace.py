@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from cugraphrt import MemPool, _cublas
+from cugraphrt import MemPool
+from cugraphrt._cuda import cublas as _cublas
 
 from .fakes import FakeBackingAllocator
 

@@ -9,7 +9,10 @@ import numpy as np
 import pytest
 
 import cugraphrt
-from cugraphrt import MemPool, OptionsError, ReplayError, _cuda, devices, graphs
+from cugraphrt import MemPool, OptionsError, ReplayError
+from cugraphrt._capture import graphs
+from cugraphrt._cuda import devices
+from cugraphrt._cuda import runtime as _cuda
 
 from .fake_devices import FakeDevices, Stream
 from .fakes import FakeBackingAllocator

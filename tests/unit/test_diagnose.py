@@ -1,4 +1,4 @@
-"""Capture failures name their real cause (cugraphrt._diagnose), without a GPU.
+"""Capture failures name their real cause (cugraphrt._capture.diagnose), without a GPU.
 
 The exceptions are CuPy's own CUDA runtime errors (constructible without a device) or
 stand-ins with the class names CuPy's library errors have; the captures are stand-ins with
@@ -14,7 +14,9 @@ import cupy
 import pytest
 from cupy_backends.cuda.api import runtime
 
-from cugraphrt import CaptureError, CugraphrtError, _cuda, _diagnose
+from cugraphrt import CaptureError, CugraphrtError
+from cugraphrt._capture import diagnose as _diagnose
+from cugraphrt._cuda import runtime as _cuda
 
 
 class FakeCapture:

@@ -7,7 +7,10 @@ import types
 
 import pytest
 
-from cugraphrt import CaptureError, OptionsError, _capture, _cuda, distributed
+from cugraphrt import CaptureError, OptionsError
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt.distributed import collectives as distributed
 
 
 class FakeComm:

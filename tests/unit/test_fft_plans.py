@@ -11,8 +11,12 @@ import weakref
 
 import pytest
 
-from cugraphrt import CaptureError, _capture, _cuda, _fft_plans, _libs
-from cugraphrt.backing import capture_activity
+from cugraphrt import CaptureError
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._libraries import capture_setup as _libs
+from cugraphrt._libraries import fft_plans as _fft_plans
+from cugraphrt._memory.backing import capture_activity
 
 
 class FakePlan:

@@ -23,7 +23,12 @@ def test_core_does_not_import_torch():
     result = _run("""
         import sys
         import cugraphrt, cugraphrt.random, cugraphrt.cli
-        from cugraphrt import graphs, graphed, pool, _capture, _libs, _cublas
+        from cugraphrt._capture import graphs
+        from cugraphrt._callables import graphed
+        from cugraphrt._memory import pool
+        from cugraphrt._capture import stream_capture as _capture
+        from cugraphrt._libraries import capture_setup as _libs
+        from cugraphrt._cuda import cublas as _cublas
         bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
         print("TORCH" if bad else "CLEAN", bad[:3])
     """)
@@ -111,14 +116,14 @@ def _failing_alone(names: list[str], preload: list[str]) -> str:
 
 
 def test_the_forked_importer_reports_a_module_that_fails():
-    report = _failing_alone(["cugraphrt.graphs", "cugraphrt.no_such_module"], ["cupy"])
+    report = _failing_alone(["cugraphrt._capture.graphs", "cugraphrt.no_such_module"], ["cupy"])
     assert report.startswith("FAILED ['cugraphrt.no_such_module']"), report
 
 
 def test_every_core_module_imports_on_its_own():
     # Without torch: the core never needs it, and the README's install does not bring it.
     names = sorted(_modules(["cugraphrt"]))
-    assert "cugraphrt.graphs" in names and "cugraphrt.bench.runner" in names, names
+    assert "cugraphrt._capture.graphs" in names and "cugraphrt.bench.runner" in names, names
     report = _failing_alone(names, ["cupy", "numpy", "pydantic"])
     assert report.startswith("FAILED []"), report
 

@@ -11,9 +11,10 @@ import weakref
 import pytest
 
 import cugraphrt
-from cugraphrt import CaptureError, Launcher, PoolOrderError, ReplayError, _cuda
-from cugraphrt._replay_order import ReplayOrder
-from cugraphrt.backing import capture_activity
+from cugraphrt import CaptureError, Launcher, PoolOrderError, ReplayError
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._memory.backing import capture_activity
+from cugraphrt._memory.replay_order import ReplayOrder
 
 from .fake_devices import FakeDevices, Stream, call_profile
 from .fakes import FakeBackingAllocator
@@ -221,8 +222,8 @@ def test_a_launcher_cannot_be_made_pickled_or_copied(fake):
 
 def test_no_launcher_before_the_cross_rank_check_of_a_graph_holding_collectives(
         fake, monkeypatch):
-    from cugraphrt import collective_replay
-    from cugraphrt.collective_log import Collective, CollectiveLog
+    from cugraphrt.distributed import replay as collective_replay
+    from cugraphrt.distributed.log import Collective, CollectiveLog
 
     from .test_collective_check import DictStore, StoreExchanger
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import cupy.linalg
 import pytest
 
-from cugraphrt import CaptureError, _capture, _libs
+from cugraphrt import CaptureError
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._libraries import capture_setup as _libs
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ from cugraphrt import (
     PoolOrderError,
     PoolOutOfMemoryError,
     ReplayError,
-    _cuda,
-    _diagnose,
 )
+from cugraphrt._capture import diagnose as _diagnose
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.options import (
     CaptureOptions,
     GeneratorState,
@@ -151,7 +151,8 @@ def test_public_namespace():
 
 
 def test_pool_checks_switch_reaches_the_replay_path(monkeypatch):
-    from cugraphrt import graphs, pool
+    from cugraphrt._capture import graphs
+    from cugraphrt._memory import pool
 
     monkeypatch.setattr(pool, "_checks_enabled", False)
     try:

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from cugraphrt import OptionsError, OverwrittenOutputError, ReplayError
-from cugraphrt._checked_views import FIX, CupyViews
-from cugraphrt._overwrites import (
+from cugraphrt._callables.checked_views import FIX, CupyViews
+from cugraphrt._memory.overwrites import (
     ENV,
     OutputCheck,
     OverwriteOrder,
@@ -261,7 +261,7 @@ def test_cupy_expiry_raises_for_a_live_output_unless_it_is_an_argument():
 
 
 def test_a_checked_graphed_function_refuses_a_replay_over_a_referenced_output():
-    from cugraphrt.graphed import GraphedFunction
+    from cugraphrt._callables.graphed import GraphedFunction
 
     class FakeGraph:
         _device = 0

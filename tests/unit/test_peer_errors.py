@@ -11,8 +11,13 @@ import pytest
 from cupy_backends.cuda.api import runtime
 
 import cugraphrt
-from cugraphrt import CaptureError, CugraphrtError, _capture, _cuda, _diagnose, _libs, graphs
-from cugraphrt._peer_errors import CudaCaptureError, CudaStatusError, LibraryCaptureError
+from cugraphrt import CaptureError, CugraphrtError
+from cugraphrt._capture import diagnose as _diagnose
+from cugraphrt._capture import graphs
+from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._cuda.status_errors import CudaCaptureError, CudaStatusError, LibraryCaptureError
+from cugraphrt._libraries import capture_setup as _libs
 
 
 @pytest.mark.parametrize("status, name", [
@@ -150,7 +155,7 @@ class _FakeCapture:
         self.pool = None
         self.keepalive = []
         self.aborted_by = None
-        self.collectives = None  # none recorded (cugraphrt.collective_log)
+        self.collectives = None  # none recorded (cugraphrt.distributed.log)
 
 
 def test_empty_graph_warning_carries_torchs_wording(monkeypatch):

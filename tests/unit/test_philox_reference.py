@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cugraphrt._philox import (
+from cugraphrt._libraries.philox import (
     KERNEL_NAMES,
     KERNEL_SOURCE,
     counters_for,

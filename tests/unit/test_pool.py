@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 
 import cugraphrt
 from cugraphrt import CaptureError, MemPool, OptionsError, PoolOrderError, PoolOutOfMemoryError
-from cugraphrt._blocks import SMALL_SEGMENT_BYTES
-from cugraphrt._replay_order import ReplayOrder
-from cugraphrt.backing import BackingOutOfMemoryError
+from cugraphrt._memory.backing import BackingOutOfMemoryError
+from cugraphrt._memory.blocks import SMALL_SEGMENT_BYTES
+from cugraphrt._memory.replay_order import ReplayOrder
 
 from .fakes import FakeBackingAllocator, assert_out_of_memory_was_due
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 import cugraphrt
-from cugraphrt import PoolOrderError, ReplayError, graphs
-from cugraphrt._replay_order import ReplayOrder
+from cugraphrt import PoolOrderError, ReplayError
+from cugraphrt._capture import graphs
+from cugraphrt._memory.replay_order import ReplayOrder
 
 from .fake_devices import FakeDevices, Stream, call_profile
 from .fakes import FakeBackingAllocator

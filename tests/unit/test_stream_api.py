@@ -10,7 +10,8 @@ import pytest
 from cupy_backends.cuda.api import runtime
 
 import cugraphrt
-from cugraphrt import CaptureError, CugraphrtError, OptionsError, stream
+from cugraphrt import CaptureError, CugraphrtError, OptionsError
+from cugraphrt._capture import stream
 
 
 def test_only_the_capture_methods_and_synchronize_are_overridden():

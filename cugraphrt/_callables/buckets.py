@@ -1,0 +1,445 @@
+"""Shape buckets: one graphed callable that serves every size of a dynamic dimension.
+
+A CUDA graph replays fixed shapes. To serve a batch dimension that varies from call to call,
+a :class:`Bucketed` callable keeps one graph per *bucket* (a size of the dynamic dimension)
+and runs a call of size ``n`` on the graph of the smallest bucket ``>= n``: the inputs are
+copied into that bucket's static buffers, the rows past ``n`` are filled with a pad value, and
+outputs that carry the dynamic dimension come back as views of their first ``n`` rows. The
+front ends (:func:`cugraphrt.make_graphed` for CuPy functions, ``cugraphrt_torch.graph_module``
+for torch modules) differ only in an :class:`ArrayOps` and in how they capture one bucket.
+
+Memory. Every bucket's graph is captured into one pool, largest first by
+:meth:`Bucketed.capture_all`, so the smaller buckets reuse the largest one's temporaries, and
+the static input buffers of all buckets are views of one buffer sized for the largest bucket.
+The graphs of one pool may replay in any order here, because nothing a graph leaves behind is
+read by another: the only memory that outlives a replay is the graph's outputs, and those are
+documented to be valid until the next call (of any bucket). ``memory_budget`` bounds the
+pool's *measured* reserved bytes by releasing least-recently-used buckets' graphs.
+
+Everything here is host-side bookkeeping; the call path does no allocation once a bucket and
+a size have been seen (views are cached per size), and no validation beyond one shape, dtype
+and device comparison per argument.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from collections.abc import Callable, Sequence
+from time import perf_counter
+from typing import Any
+
+from cugraphrt import _tree
+from cugraphrt._callables.bucket_plan import (
+    ArrayOps,
+    Slot,
+    bucket_sizes,
+    check_budget,
+    check_pad,
+    leaf_dims,
+    make_slot,
+    resolve_buckets,
+    rows,
+    sample_size,
+)
+from cugraphrt._memory.overwrites import OutputCheck
+from cugraphrt._memory.pool import MemPool
+from cugraphrt.errors import OptionsError, ReplayError
+from cugraphrt.options import BucketStat, BucketStats, PoolStats
+
+__all__ = ["ArrayOps", "Bucketed", "CapturedBucket", "resolve_buckets"]
+
+
+class CapturedBucket:
+    """One bucket's graph as the front end captured it.
+
+    Parameters
+    ----------
+    replay : callable
+        Launches the graph on the current stream (no pool-order checks: see the module
+        docstring for why bucket graphs may replay in any order).
+    outputs : Any
+        The static outputs the graph writes.
+    release : callable
+        Frees the graph (its hold on the pool included).
+    seq : int, default 0
+        The graph's capture order in the pool (``cugraphrt._memory.overwrites``), for ``check``.
+    """
+
+    __slots__ = ("replay", "outputs", "release", "seq")
+
+    def __init__(self, replay: Callable[[], None], outputs: Any,
+                 release: Callable[[], None], seq: int = 0) -> None:
+        self.replay = replay
+        self.outputs = outputs
+        self.release = release
+        self.seq = seq
+
+
+class _Bucket:
+    """One bucket: its graph (or None while not captured) and its counters."""
+
+    __slots__ = ("size", "entry", "outputs_by_n", "last_used", "calls", "captures",
+                 "evictions", "padded_rows", "capture_seconds", "growth_bytes", "over_budget",
+                 "alone_bytes")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.entry: CapturedBucket | None = None
+        self.outputs_by_n: dict[int, Any] = {}
+        self.last_used = 0
+        self.calls = self.captures = self.evictions = self.padded_rows = 0
+        self.capture_seconds = 0.0
+        self.growth_bytes = 0
+        self.over_budget = False
+        self.alone_bytes = 0  # what the pool reserved with only this bucket's graph, if over
+
+
+class Bucketed:
+    """A callable that replays the graph of the smallest bucket that fits each call.
+
+    Built by the front ends; see :func:`cugraphrt.make_graphed` for the parameters.
+    ``capture(args, pool)`` captures one bucket's graph into ``pool``. The callbacks a front
+    end passes (``capture``, ``eager``, ``pad``, ``check``, ``trim``) must not reference the
+    front end object itself: it holds this one, and a cycle would keep every bucket's graph
+    alive until a garbage collection (docs/concepts.md, "Lifetimes").
+    """
+
+    def __init__(self, *, ops: ArrayOps, sample_args: tuple, buckets: Any,
+                 dynamic_dim: int | Sequence[int | None], pad: Any, memory_budget: int | None,
+                 strict: bool, pool: MemPool | None, copy_outputs: bool,
+                 capture: Callable[[tuple, MemPool], CapturedBucket], eager: Callable[..., Any],
+                 name: str, trim: Callable[[], object] | None = None,
+                 output_dims: Sequence[int | None] | None = None,
+                 check: Callable[[MemPool], OutputCheck | None] | None = None) -> None:
+        # output_dims: per output leaf, the dimension that carries the dynamic size (None:
+        # never cut), for front ends that know it; otherwise leaves whose dynamic_dim equals
+        # the bucket size are cut. check: makes the overwritten-output check of the pool.
+        self._output_dims = None if output_dims is None else tuple(output_dims)
+        self._ops = ops
+        self._capture_fn = capture
+        self._trim = trim
+        self._eager = eager
+        self._name = name
+        self._strict = bool(strict)
+        self._copy_outputs = bool(copy_outputs)
+        self._budget = check_budget(memory_budget)
+        self._pad_value, self._pad_fn = check_pad(pad)
+        self.pool = pool if pool is not None else MemPool()
+        self._check = check(self.pool) if check is not None else None
+        leaves, self._spec, paths = _tree.flatten(sample_args, "args")
+        self._flat = self._spec.is_flat_tuple
+        self._num_leaves = len(leaves)
+        dims = leaf_dims(sample_args, dynamic_dim, ops.array_type)
+        size = sample_size(leaves, dims, paths, dynamic_dim)
+        self.buckets: tuple[int, ...] = resolve_buckets(buckets, size)
+        self._max = self.buckets[-1]
+        self._table = [_Bucket(size) for size in self.buckets]
+        # n -> its bucket, for every n the buckets serve (index 0 unused: size 0 is eager)
+        by_size = {bucket.size: bucket for bucket in self._table}
+        self._bucket_of: list[_Bucket | None] = [by_size.get(size)
+                                                 for size in bucket_sizes(self.buckets)]
+        self._slots: list[Slot] = []
+        self._statics: list[tuple] = []  # (index, static, shape, dtype, path)
+        self._constants: list[tuple] = []  # (index, value, path)
+        for index, (leaf, dim, path) in enumerate(zip(leaves, dims, paths, strict=True)):
+            if dim is not None:
+                self._slots.append(make_slot(ops, index, leaf, dim, path, size, self.buckets,
+                                             self._pad))
+            elif isinstance(leaf, ops.array_type):
+                self._statics.append((index, leaf, leaf.shape, leaf.dtype, path))
+            else:
+                self._constants.append((index, leaf, path))
+        self._probe = self._slots[0]
+        self._clock = 0
+        self._eager_calls = 0
+        self._fallbacks: dict[str, int] = {}
+        self._warned: set[str] = set()
+
+    # -- construction ----------------------------------------------------------------------
+
+    def _pad(self, rows: Any, path: str) -> None:
+        if self._pad_fn is not None:
+            self._pad_fn(rows, path)
+        else:
+            self._ops.fill(rows, self._pad_value)
+
+    # -- the call path ---------------------------------------------------------------------
+
+    def __call__(self, *args: Any) -> Any:
+        if self._flat and len(args) == self._num_leaves:
+            leaves: Sequence[Any] = args
+        else:
+            leaves, spec, _ = _tree.flatten(args, "args")
+            if spec != self._spec:
+                return self._fallback(args, "structure", (
+                    f"the arguments do not match the sample's structure (expected "
+                    f"{self._spec.describe()}, got {spec.describe()})"))
+        probe = self._probe
+        try:
+            n = leaves[probe.index].shape[probe.dim]
+        except (AttributeError, IndexError, TypeError):
+            return self._fallback(args, f"type {probe.path}", self._type_reason(probe.path,
+                                                                                leaves[probe.index]))
+        if not 0 < n <= self._max:
+            if n == 0:
+                return self._fallback(args, "empty", f"{probe.path} has size 0 in dimension "
+                                      f"{probe.dim} (got an empty batch)")
+            return self._fallback(args, "above", (
+                f"size {n} of dimension {probe.dim} is above the largest bucket "
+                f"{self._max} (got {probe.path} of shape {tuple(leaves[probe.index].shape)})"))
+        bucket = self._bucket_of[n]
+        assert bucket is not None
+        array_type = self._ops.array_type
+        for slot in self._slots:
+            value = leaves[slot.index]
+            if (not isinstance(value, array_type) or value.shape != slot.shapes[n]
+                    or value.dtype != slot.dtype):
+                return self._mismatch(args, slot, value, n)
+        for index, static, shape, dtype, path in self._statics:
+            value = leaves[index]
+            if value is static:
+                continue
+            if (not isinstance(value, array_type) or value.shape != shape
+                    or value.dtype != dtype):
+                return self._fallback(args, f"static {path}", (
+                    f"argument {path} is not dynamic and changed (expected "
+                    f"{self._ops.describe(static)}, got {self._ops.describe(value)})"))
+        for index, expected, path in self._constants:
+            if leaves[index] != expected:
+                return self._fallback(args, f"constant {path}", (
+                    f"argument {path} differs from the sample (expected {expected!r}, got "
+                    f"{leaves[index]!r}); non-array arguments are baked into the graphs"))
+        entry = bucket.entry
+        if entry is None:
+            entry = self._capture(bucket)
+            if entry is None:
+                return self._fallback(args, f"budget {bucket.size}", (
+                    f"bucket {bucket.size} alone needs more pool memory than memory_budget="
+                    f"{self._budget} bytes (got {bucket.alone_bytes} bytes reserved with its "
+                    f"graph alone)"))
+        copy = self._ops.copy
+        size = bucket.size
+        for slot in self._slots:
+            copy(slot.copy_views[n], leaves[slot.index])
+            dirty = slot.dirty[n]
+            rows = dirty[0]
+            if n < size:
+                if self._pad_fn is not None:
+                    self._pad_fn(slot.pad_views[n], slot.path)
+                elif rows > n:
+                    self._ops.fill(slot.pad_views[n], self._pad_value)
+            dirty[0] = n if rows <= size else rows
+        for index, static, _, _, _ in self._statics:
+            value = leaves[index]
+            if value is not static:
+                copy(static, value)
+        check = self._check
+        if check is not None:  # after the copies: an argument may be a previous output
+            check.before_replay(entry.seq, leaves)
+        entry.replay()
+        self._clock += 1
+        bucket.last_used = self._clock
+        bucket.calls += 1
+        bucket.padded_rows += size - n
+        outputs = bucket.outputs_by_n.get(n)
+        if outputs is None:
+            outputs = bucket.outputs_by_n[n] = self._views(entry.outputs, bucket.size, n)
+        if self._copy_outputs:
+            return _tree.unflatten(*_cloned(self._ops, outputs))
+        if check is not None:
+            return check.hand_out_tree(entry.seq, outputs)
+        return outputs
+
+    def _views(self, outputs: Any, size: int, n: int) -> Any:
+        """The outputs as a call of size ``n`` sees them: dynamic outputs cut to ``n`` rows."""
+        leaves, spec, _ = _tree.flatten(outputs)
+        if self._output_dims is not None:
+            return _tree.unflatten(spec, [
+                rows(leaf, at, 0, n) if at is not None and n != size else leaf
+                for leaf, at in zip(leaves, self._output_dims, strict=True)])
+        array_type = self._ops.array_type
+        dim = self._probe.dim
+        cut = []
+        for leaf in leaves:
+            if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim
+                    and leaf.shape[dim] == size):
+                leaf = rows(leaf, dim, 0, n)
+            cut.append(leaf)
+        return _tree.unflatten(spec, cut)
+
+    # -- capture, eviction -----------------------------------------------------------------
+
+    def _capture(self, bucket: _Bucket, retry: bool = True) -> CapturedBucket | None:
+        if bucket.over_budget:
+            return None
+        pool = self.pool
+        before = pool.stats().reserved_bytes
+        start = perf_counter()
+        args = _tree.unflatten(self._spec, self._bucket_leaves(bucket.size))
+        entry = self._capture_fn(args, pool)
+        bucket.capture_seconds += perf_counter() - start
+        bucket.captures += 1
+        bucket.entry = entry
+        bucket.outputs_by_n = {}
+        self._clock += 1
+        bucket.last_used = self._clock
+        bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
+        if self._budget is not None and not self._fit_budget(keep=bucket):
+            # Every other bucket is gone and this one still does not fit. Memory a framework
+            # caches for the pool (torch's) returns only once none of the pool's graphs
+            # lives: release this one too, and capture it again on its own.
+            bucket.alone_bytes = self._reserved_bytes()
+            self._evict(bucket)
+            del entry  # nothing may keep the released graph alive while the pool is measured
+            if retry:
+                self._reserved_bytes()
+                return self._capture(bucket, retry=False)
+            self._reserved_bytes()
+            bucket.over_budget = True
+            return None
+        return entry
+
+    def _bucket_leaves(self, size: int) -> list:
+        leaves: list[Any] = [None] * self._num_leaves
+        for slot in self._slots:
+            leaves[slot.index] = slot.per_bucket[size]
+        for index, static, *_ in self._statics:
+            leaves[index] = static
+        for index, value, _ in self._constants:
+            leaves[index] = value
+        return leaves
+
+    def _fit_budget(self, keep: _Bucket) -> bool:
+        """Release least-recently-used graphs until the pool's reserved bytes fit the budget.
+
+        Measured, not estimated: after each release the pool gives back the segments no live
+        graph uses and its stats are read again. Returns whether ``keep`` fits.
+        """
+        budget = self._budget
+        assert budget is not None
+        while self._reserved_bytes() > budget:
+            victims = [b for b in self._table if b.entry is not None and b is not keep]
+            if not victims:
+                return False
+            self._evict(min(victims, key=lambda b: b.last_used))
+        return True
+
+    def _reserved_bytes(self) -> int:
+        if self._trim is not None:
+            self._trim()  # the front end's cache over the pool lets go of what it can
+        self.pool.empty_cache()
+        return self.pool.stats().reserved_bytes
+
+    def _evict(self, bucket: _Bucket) -> None:
+        entry, bucket.entry = bucket.entry, None
+        bucket.outputs_by_n = {}
+        if entry is not None:
+            bucket.evictions += 1
+            entry.release()
+
+    def capture_all(self, progress: bool | None = None) -> None:
+        """Capture every bucket not captured yet, largest first.
+
+        Largest first lets each smaller bucket reuse the memory the larger ones freed, so the
+        pool ends up about the size of the largest bucket's needs.
+
+        Parameters
+        ----------
+        progress : bool, optional
+            Show a progress bar on stderr (tqdm). By default only when stderr is a terminal.
+        """
+        pending = [b for b in reversed(self._table) if b.entry is None and not b.over_budget]
+        show = sys.stderr.isatty() if progress is None else bool(progress)
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(pending), desc=f"capturing {self._name}", unit="graph",
+                  disable=not show, file=sys.stderr, leave=False) as bar:
+            for bucket in pending:
+                bar.set_postfix_str(f"bucket {bucket.size}")
+                self._capture(bucket)
+                bar.update(1)
+
+    def release(self, size: int | None = None) -> None:
+        """Release the graph of bucket ``size`` (every bucket's if None); it is captured
+        again on its next use.
+
+        Raises
+        ------
+        OptionsError
+            If ``size`` is not one of the buckets.
+        """
+        if size is None:
+            targets = self._table
+        else:
+            targets = [b for b in self._table if b.size == size]
+            if not targets:
+                raise OptionsError("size", size, f"one of the buckets {list(self.buckets)}")
+        for bucket in targets:
+            self._evict(bucket)
+            bucket.over_budget = False
+        self.pool.empty_cache()
+
+    # -- falling back ----------------------------------------------------------------------
+
+    def _mismatch(self, args: tuple, slot: Slot, value: Any, n: int) -> Any:
+        if not isinstance(value, self._ops.array_type):
+            return self._fallback(args, f"type {slot.path}", self._type_reason(slot.path, value))
+        if value.dtype != slot.dtype:
+            return self._fallback(args, f"dtype {slot.path}", (
+                f"argument {slot.path} has dtype {value.dtype} (expected {slot.dtype})"))
+        shape = tuple(value.shape)
+        expected = slot.shapes[n]
+        assert expected is not None
+        if len(shape) == len(expected) and shape[slot.dim] != n:
+            return self._fallback(args, "sizes", (
+                f"the dynamic arguments disagree in size (got {self._probe.path} with {n} rows "
+                f"and {slot.path} with {shape[slot.dim]})"))
+        return self._fallback(args, f"shape {slot.path}", (
+            f"argument {slot.path} has shape {shape} (expected {expected[:slot.dim]} + "
+            f"(any size,) + {expected[slot.dim + 1:]}: only dimension {slot.dim} may vary)"))
+
+    def _type_reason(self, path: str, value: Any) -> str:
+        return (f"argument {path} is not a {self._ops.array_type.__name__} (got "
+                f"{self._ops.describe(value)})")
+
+    def _fallback(self, args: tuple, key: str, message: str) -> Any:
+        kind = key.split(" ", 1)[0]
+        if self._strict:
+            raise ReplayError(f"{message}; pass arguments the buckets serve, or add a bucket "
+                              f"(strict=True)")
+        self._fallbacks[kind] = self._fallbacks.get(kind, 0) + 1
+        self._eager_calls += 1
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"{self._name}: {message}; running eagerly (this warning is shown "
+                          f"once per reason)", UserWarning, stacklevel=3)
+        return self._eager(*args)
+
+    # -- introspection ---------------------------------------------------------------------
+
+    def stats(self) -> BucketStats:
+        """Per-bucket counters, eager fallbacks by reason, and the shared pool's stats."""
+        pool: PoolStats = self.pool.stats()
+        return BucketStats(
+            buckets=tuple(BucketStat(
+                size=b.size, captured=b.entry is not None, calls=b.calls, captures=b.captures,
+                evictions=b.evictions, padded_rows=b.padded_rows,
+                capture_seconds=b.capture_seconds, reserved_growth_bytes=b.growth_bytes,
+            ) for b in self._table),
+            eager_calls=self._eager_calls,
+            fallbacks=dict(self._fallbacks),
+            memory_budget=self._budget,
+            pool=pool,
+        )
+
+    def __repr__(self) -> str:
+        captured = sum(b.entry is not None for b in self._table)
+        return (f"<{type(self).__name__} of {self._name}: buckets {list(self.buckets)}, "
+                f"{captured} captured, pool {self.pool.id}>")
+
+
+def _cloned(ops: ArrayOps, outputs: Any) -> tuple:
+    leaves, spec, _ = _tree.flatten(outputs)
+    return spec, [ops.clone(leaf) if isinstance(leaf, ops.array_type) else leaf
+                  for leaf in leaves]

@@ -1,0 +1,368 @@
+"""make_graphed: turn a plain CuPy function into a replayed graph (or one per shape bucket)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cupy
+
+from cugraphrt import _tree
+from cugraphrt._callables.buckets import Bucketed, CapturedBucket
+from cugraphrt._callables.checked_views import FIX, CupyViews
+from cugraphrt._capture import graphs as _graphs
+from cugraphrt._capture.graph_context import graph
+from cugraphrt._capture.graphs import Graph
+from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._memory.backing import _on_device
+from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._memory.pool import MemPool
+from cugraphrt.errors import OptionsError, ReplayError
+from cugraphrt.options import MakeGraphedOptions, validate_options
+
+__all__ = ["make_graphed", "GraphedFunction", "BucketedFunction"]
+
+_ndarray = cupy.ndarray
+_copyto = cupy.copyto
+_current_stream = cupy.cuda.get_current_stream
+_launch = _cuda.graph_launch
+
+
+def make_graphed(
+    fn: Callable[..., Any],
+    sample_args: tuple,
+    *,
+    num_warmup_iters: int = 3,
+    pool: MemPool | None = None,
+    copy_outputs: bool = False,
+    buckets: Any = None,
+    dynamic_dim: int | tuple[int | None, ...] = 0,
+    pad: Any = 0,
+    memory_budget: int | None = None,
+    strict: bool = False,
+    check_outputs: bool | None = None,
+) -> GraphedFunction | BucketedFunction:
+    """Capture ``fn(*sample_args)`` once and return a callable that replays it.
+
+    The sample arrays become the graph's static inputs. Each call copies new inputs into
+    them (no copy when the caller passes a static input itself), replays the graph and
+    returns the static outputs.
+
+    With ``buckets``, one callable serves every size of a dynamic dimension: a call whose
+    dynamic size is ``n`` replays the graph of the smallest bucket ``>= n`` (captured on
+    first use, or all at once by :meth:`BucketedFunction.capture_all`), its inputs copied
+    into that bucket's static buffers with the rows past ``n`` padded, and outputs that carry
+    the bucket's size in the dynamic dimension come back as views of their first ``n`` rows.
+    Padding is correct for functions whose rows are independent of each other (most
+    inference: per-sample layers, row-wise matmuls); see ``docs/shapes.md`` for the others.
+
+    Parameters
+    ----------
+    fn : callable
+        A function of CuPy arrays that issues its work on the current stream.
+    sample_args : tuple
+        Arguments to capture with: CuPy arrays, nested in tuples, lists and dicts as the
+        function expects; other values are fixed at capture and must be passed equal.
+    num_warmup_iters : int, default 3
+        Eager runs on a side stream before capture.
+    pool : MemPool, optional
+        Pool for the capture (see :meth:`Graph.capture_begin`).
+    copy_outputs : bool, default False
+        Return copies of the outputs. By default the static outputs are returned, and the
+        next call overwrites them.
+    check_outputs : bool, optional
+        The checked mode, off by default (None or False). Without ``copy_outputs``, each
+        call returns fresh arrays over the static outputs, and a replay that would overwrite
+        an output of an earlier call still referenced (the array, or a view of it) raises
+        :class:`OverwrittenOutputError` instead, naming the output and the call; arguments of
+        the call itself are exempt (``x = f(x)``). Drop outputs before the next call (``del``)
+        in checked code. See docs/reliability.md, "Reading an overwritten output".
+    buckets : "pow2" or sequence of int, optional
+        Sizes of the dynamic dimension to capture a graph for: a strictly increasing list,
+        or ``"pow2"`` for 1, 2, 4, ... up to the sample's size (and the sample's size).
+    dynamic_dim : int or tuple of (int or None), default 0
+        The dynamic dimension of every array argument that has it, or one entry per
+        argument (None: not dynamic). Outputs are cut along the first dynamic argument's.
+    pad : number or callable, default 0
+        Value of the rows past ``n``, or ``pad(rows, path)`` filling the view ``rows`` of the
+        argument at ``path`` (e.g. ``"args[1]"``) in place, called on every padded call.
+    memory_budget : int, optional
+        Bytes the shared pool may reserve: after a capture, least-recently-used buckets'
+        graphs are released until the measured reserved bytes fit (captured again on use).
+    strict : bool, default False
+        Raise :class:`ReplayError` for a call no bucket serves (size above the largest
+        bucket, another dtype or non-dynamic shape) instead of running ``fn`` eagerly with
+        a warning naming the reason (once per reason).
+
+    Returns
+    -------
+    GraphedFunction, or BucketedFunction with ``buckets``
+
+    Raises
+    ------
+    OptionsError
+        For bad options.
+    CaptureError
+        If ``fn`` does something capture forbids.
+    """
+    options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
+                               copy_outputs=copy_outputs, check_outputs=check_outputs)
+    checked = bool(options.check_outputs) and not options.copy_outputs
+    label = f"make_graphed({getattr(fn, '__name__', type(fn).__name__)})"
+    if not callable(fn):
+        raise OptionsError("fn", fn, "a callable")
+    if not isinstance(sample_args, (tuple, list)):
+        sample_args = (sample_args,)
+    sample_args = tuple(sample_args)
+    if buckets is not None:
+        if not isinstance(strict, bool):
+            raise OptionsError("strict", strict, "allowed values are True and False")
+        if pool is not None and not isinstance(pool, MemPool):
+            raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
+        return BucketedFunction(fn, sample_args, options.num_warmup_iters, pool=pool,
+                                copy_outputs=options.copy_outputs, buckets=buckets,
+                                dynamic_dim=dynamic_dim, pad=pad,
+                                memory_budget=memory_budget, strict=strict,
+                                check=(lambda pool: OutputCheck(
+                                    label + ", buckets", FIX, order_for(pool), CupyViews()))
+                                if checked else None)
+    _check_devices(sample_args)
+    _warm_up(fn, sample_args, options.num_warmup_iters)
+    cuda_graph = Graph()
+    with graph(cuda_graph, pool=pool):
+        outputs = fn(*sample_args)
+    order = order_for(cuda_graph.pool())
+    seq = order.next_seq()  # before any other capture into the pool
+    check = OutputCheck(label, FIX, order, CupyViews()) if checked else None
+    return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs,
+                           order=order, seq=seq, check=check)
+
+
+def _check_devices(sample_args: tuple) -> None:
+    leaves, _, paths = _tree.flatten(sample_args, "args")
+    device_id = cupy.cuda.runtime.getDevice()
+    for leaf, path in zip(leaves, paths, strict=True):
+        if isinstance(leaf, _ndarray) and leaf.data.device_id != device_id:
+            raise OptionsError("sample_args", path, f"arrays on the current device "
+                               f"{device_id} (got {path} on device {leaf.data.device_id})")
+
+
+def _warm_up(fn: Callable, args: tuple, iterations: int) -> None:
+    if iterations == 0:
+        return
+    side = cupy.cuda.Stream(non_blocking=True)
+    side.wait_event(cupy.cuda.get_current_stream().record())
+    with side:
+        for _ in range(iterations):
+            fn(*args)
+    side.synchronize()
+
+
+class GraphedFunction:
+    """A captured function: call it like the original.
+
+    Attributes
+    ----------
+    graph : Graph
+        The underlying graph.
+    static_inputs : tuple
+        The arguments captured with (the sample arguments).
+    static_outputs : Any
+        The outputs the graph writes on every replay.
+    """
+
+    def __init__(self, cuda_graph: Graph, fn: Callable, sample_args: tuple, outputs: Any,
+                 copy_outputs: bool, *, order: OverwriteOrder | None = None, seq: int = 0,
+                 check: OutputCheck | None = None) -> None:
+        self.graph = cuda_graph
+        self.__wrapped__ = fn
+        self.static_inputs = sample_args
+        self.static_outputs = outputs
+        self._copy_outputs = copy_outputs
+        leaves, self._spec, paths = _tree.flatten(sample_args, "args")
+        self._flat = self._spec.is_flat_tuple
+        self._num_leaves = len(leaves)
+        # One entry per leaf, everything the call path needs precomputed.
+        self._arrays = []
+        self._constants = []
+        for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+            if isinstance(leaf, _ndarray):
+                self._arrays.append((index, leaf, leaf.shape, leaf.dtype, leaf.data.device_id,
+                                     leaf.nbytes, bool(leaf._c_contiguous), path))
+            else:
+                self._constants.append((index, leaf, path))
+        self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
+        # Overwritten outputs (cugraphrt._memory.overwrites): the pool's order is settled before
+        # every replay; with check, each call hands out fresh arrays, checked at the next.
+        self._order = order if order is not None else OverwriteOrder()
+        self._seq = seq
+        self._check = check
+        if check is not None:
+            check.names = paths
+        self._which = [i for i, leaf in enumerate(self._out_leaves) if isinstance(leaf, _ndarray)]
+        self._replay = cuda_graph.replay
+        self._device = cuda_graph._device
+
+    def __call__(self, *args: Any) -> Any:
+        if _graphs._multi_device and _cuda.current_device() != self._device:
+            # Copies and replay on the graph's device, ordered on its current stream.
+            with _on_device(self._device):
+                return self(*args)
+        if self._flat and len(args) == self._num_leaves:
+            leaves: Sequence[Any] = args
+        else:
+            leaves = self._structured_leaves(args)
+        for index, static, shape, dtype, device, nbytes, contiguous, path in self._arrays:
+            value = leaves[index]
+            if value is static:
+                continue
+            if (type(value) is not _ndarray or value.shape != shape or value.dtype != dtype
+                    or value.data.device_id != device):
+                raise _mismatch(path, static, value)
+            if not (contiguous and value._c_contiguous and value.data.ptr == static.data.ptr):
+                _copy_into(static, value, nbytes, contiguous and value._c_contiguous)
+        for index, expected, path in self._constants:
+            if leaves[index] != expected:
+                raise ReplayError(
+                    f"argument {path} differs from the capture (expected {expected!r}, got "
+                    f"{leaves[index]!r}); non-array arguments are baked into the graph: "
+                    f"pass the captured value or graph the function again"
+                )
+        order = self._order  # after the copies: an argument may be a previous output
+        if order.max_seq >= self._seq:
+            order.settle_call(self._seq, leaves)
+        self._replay()
+        if self._copy_outputs:
+            return _tree.unflatten(self._out_spec, [
+                leaf.copy() if isinstance(leaf, _ndarray) else leaf for leaf in self._out_leaves
+            ])
+        if self._check is not None:
+            return _tree.unflatten(self._out_spec, self._check.hand_out(
+                self._seq, self._out_leaves, self._which))
+        return self.static_outputs
+
+    def _structured_leaves(self, args: tuple) -> list:
+        leaves, spec, _ = _tree.flatten(args, "args")
+        if spec != self._spec:
+            raise ReplayError(
+                f"arguments do not match the capture (expected structure "
+                f"{self._spec.describe()} with {self._num_leaves} leaves, got "
+                f"{spec.describe()}); pass arguments shaped like sample_args"
+            )
+        return leaves
+
+    def __repr__(self) -> str:
+        name = getattr(self.__wrapped__, "__name__", repr(self.__wrapped__))
+        return f"<cugraphrt.GraphedFunction of {name} ({self._num_leaves} inputs)>"
+
+
+def _copy_into(static: cupy.ndarray, value: cupy.ndarray, nbytes: int, flat: bool) -> None:
+    """Copy a new input into its static buffer on the current stream."""
+    if flat:
+        static.data.copy_from_device_async(value.data, nbytes)  # one memcpy, no kernel
+    else:
+        _copyto(static, value)
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, _ndarray):
+        return f"shape {value.shape} {value.dtype} on device {value.data.device_id}"
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        return f"{type(value).__module__}.{type(value).__name__} of shape {value.shape}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _mismatch(path: str, static: Any, value: Any) -> ReplayError:
+    return ReplayError(
+        f"argument {path} does not match the capture (expected {_describe(static)}, got "
+        f"{_describe(value)}); pass a CuPy array of the captured shape, dtype and device, "
+        f"or graph the function again for the new shape"
+    )
+
+
+class _CupyOps:
+    """How the bucket machinery handles CuPy arrays."""
+
+    array_type = _ndarray
+
+    @staticmethod
+    def describe(value: Any) -> str:
+        return _describe(value)
+
+    @staticmethod
+    def empty(like: cupy.ndarray, shape: tuple[int, ...]) -> cupy.ndarray:
+        return cupy.empty(shape, dtype=like.dtype)
+
+    @staticmethod
+    def is_contiguous(array: cupy.ndarray) -> bool:
+        return bool(array._c_contiguous)
+
+    @staticmethod
+    def copy(dst: cupy.ndarray, src: cupy.ndarray) -> None:
+        if dst._c_contiguous and src._c_contiguous:
+            dst.data.copy_from_device_async(src.data, src.nbytes)  # one memcpy, no kernel
+        else:
+            _copyto(dst, src)
+
+    @staticmethod
+    def fill(rows: cupy.ndarray, value: float) -> None:
+        if value == 0 and rows._c_contiguous:
+            rows.data.memset_async(0, rows.nbytes)  # no kernel launch
+        else:
+            rows.fill(value)
+
+    @staticmethod
+    def clone(array: cupy.ndarray) -> cupy.ndarray:
+        return array.copy()
+
+
+class BucketedFunction(Bucketed):
+    """A CuPy function graphed once per shape bucket: call it like the original.
+
+    Made by :func:`make_graphed` with ``buckets``. All buckets share one pool
+    (:attr:`pool`); outputs are valid until the next call.
+
+    Attributes
+    ----------
+    buckets : tuple of int
+        The bucket sizes, smallest first.
+    pool : MemPool
+        The pool every bucket's graph allocates from.
+    """
+
+    def __init__(self, fn: Callable, sample_args: tuple, num_warmup_iters: int, *,
+                 pool: MemPool | None, copy_outputs: bool, buckets: Any,
+                 dynamic_dim: Any, pad: Any, memory_budget: int | None, strict: bool,
+                 check: Callable[[MemPool], OutputCheck] | None = None) -> None:
+        _check_devices(sample_args)
+        self.__wrapped__ = fn
+        name = getattr(fn, "__name__", type(fn).__name__)
+        # Buckets are captured on first use: on the samples' device, whatever is current.
+        self._device = device = cupy.cuda.runtime.getDevice()
+        _graphs._note_devices()
+
+        def capture(args: tuple, pool: MemPool) -> CapturedBucket:
+            with _on_device(device):  # capture_all() may run under another device
+                _warm_up(fn, args, num_warmup_iters)
+                cuda_graph = Graph()
+                with graph(cuda_graph, pool=pool):
+                    outputs = fn(*args)
+            seq = order_for(pool).next_seq()  # before any other capture
+            # The bucket graphs of one pool may replay in any order (see
+            # cugraphrt._callables.buckets):
+            # launch directly, past the pool-order checks.
+            exec_handle = cuda_graph.raw_graph_exec
+            return CapturedBucket(
+                lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
+                seq)
+
+        super().__init__(ops=_CupyOps(), sample_args=sample_args, buckets=buckets,
+                         dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
+                         strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
+                         eager=fn, name=name, check=check)
+
+    def __call__(self, *args: Any) -> Any:
+        if _graphs._multi_device and _cuda.current_device() != self._device:
+            with _on_device(self._device):
+                return super().__call__(*args)
+        return super().__call__(*args)
