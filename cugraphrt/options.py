@@ -30,11 +30,11 @@ __all__ = [
 CaptureErrorMode = Literal["global", "thread_local", "relaxed"]
 
 
-class _Frozen(BaseModel):
+class Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
 
-class CaptureOptions(_Frozen):
+class CaptureOptions(Frozen):
     """Options of one capture.
 
     Attributes
@@ -51,7 +51,7 @@ class CaptureOptions(_Frozen):
     capture_error_mode: CaptureErrorMode = "global"
 
 
-class MakeGraphedOptions(_Frozen):
+class MakeGraphedOptions(Frozen):
     """Options of :func:`cugraphrt.make_graphed`.
 
     Attributes
@@ -73,7 +73,7 @@ class MakeGraphedOptions(_Frozen):
     check_outputs: bool | None = None
 
 
-class PoolStats(_Frozen):
+class PoolStats(Frozen):
     """A snapshot of one graph memory pool.
 
     Attributes
@@ -106,7 +106,7 @@ class PoolStats(_Frozen):
     live_arrays: int = Field(ge=0)
 
 
-class DeviceStats(_Frozen):
+class DeviceStats(Frozen):
     """The graph memory pools of one device, summed (see :func:`cugraphrt.device_stats`).
 
     Attributes
@@ -130,14 +130,14 @@ class DeviceStats(_Frozen):
     live_arrays: int = Field(ge=0)
 
 
-class GeneratorState(_Frozen):
+class GeneratorState(Frozen):
     """The state of a :class:`cugraphrt.random.Generator`: its seed and counter offset."""
 
     seed: int = Field(ge=0, lt=2**64)
     offset: int = Field(ge=0, lt=2**64)
 
 
-class BucketStat(_Frozen):
+class BucketStat(Frozen):
     """The counters of one shape bucket of a bucketed callable.
 
     Attributes
@@ -170,7 +170,7 @@ class BucketStat(_Frozen):
     reserved_growth_bytes: int = Field(ge=0)
 
 
-class BucketStats(_Frozen):
+class BucketStats(Frozen):
     """A snapshot of a bucketed callable: per-bucket counters, fallbacks and the pool.
 
     Attributes

@@ -7,8 +7,8 @@ the cugraphrt :class:`~cugraphrt.MemPool` of the capture underway. Torch then sp
 caches those segments itself, as it does with ``cudaMalloc`` memory: the callbacks run
 only when torch's pool grows (a few times per capture) or gives a whole segment back.
 
-Ownership. Each segment is a CuPy ``MemoryPointer`` from ``MemPool._allocate``; it is kept in
-``_live`` until torch calls the free callback, so the cugraphrt pool can never reuse memory
+Ownership. Each segment is a CuPy ``MemoryPointer`` from ``cugraphrt.adapter.allocate``; it is
+kept in ``_live`` until torch calls the free callback, so the cugraphrt pool can never reuse memory
 torch still holds (graph intermediates, outputs a caller kept). Torch frees a segment once it
 is unused and its pool is released (the last graph using it reset, the torch MemPool gone),
 on its next ``empty_cache``.
@@ -28,8 +28,9 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from cugraphrt._cuda import runtime as _cuda
-from cugraphrt._memory.backing import capture_activity
+from cugraphrt import adapter as core
+from cugraphrt.adapter import capture_activity
+from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
@@ -86,8 +87,8 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
     """Torch's allocations in a conditional node's body come from the capture's pool.
 
     Torch routes the allocations of a capture to its graph's MemPool by the CUDA capture id,
-    and a body is captured under an id of its own (see cugraphrt._control.loops). So the body gets a
-    torch MemPool of its own on this thread, built on the same allocator, and the body's
+    and a body is captured under an id of its own (see cugraphrt.adapter.control). So the body gets
+    a     torch MemPool of its own on this thread, built on the same allocator, and the body's
     capture id is served like the capture's. The MemPool lives as long as the graph (its
     blocks are the body's memory on every replay), and goes with it (:class:`_BodyPool`).
     """
@@ -159,7 +160,7 @@ def _on_alloc(size: int, device: int, stream: int | None) -> int | None:
         if device != pool.device_id:
             return None
         try:
-            memory = pool._allocate(int(size), int(stream or 0), capture.token)
+            memory = core.allocate(pool, int(size), int(stream or 0), capture.token)
         except PoolOutOfMemoryError as exc:
             if entry.error is None:
                 entry.error = exc

@@ -31,7 +31,7 @@ its tensors live, so later captures into the pool never get it; earlier captures
 it as scratch. Hence a replay of the graph captured ``seq``-th can overwrite the outputs of the
 graphs captured at or after ``seq`` in the same pool, and the guard settles only those. That
 rule, and the per-pool list of what is pending, is
-:class:`cugraphrt._memory.overwrites.OverwriteOrder`,
+:class:`cugraphrt.adapter.OverwriteOrder`,
 which the check of overwritten forward outputs (:mod:`cugraphrt_torch._output_check`) shares:
 ``AliasGuard`` is its name here.
 
@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from cugraphrt._memory.overwrites import OverwriteOrder, order_for
+from cugraphrt.adapter import OverwriteOrder, order_for
 
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 

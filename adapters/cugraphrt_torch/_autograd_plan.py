@@ -3,7 +3,7 @@
 A call of a graphed callable must not rebuild a pytree when it need not: :class:`ArgPlan`
 records, at capture, where every tensor and every constant sits among the flattened
 arguments, so the common call (positional tensors only) indexes ``args`` directly and only
-nested or keyword arguments go through :mod:`cugraphrt._tree`. :class:`OutputPlan` does the
+nested or keyword arguments go through ``cugraphrt.adapter.tree``. :class:`OutputPlan` does the
 same for the outputs. Also here: the checks made on the callables before anything is captured,
 and the wording of every error about arguments.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from cugraphrt import _tree
+from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
 
 __all__ = ["ArgPlan", "OutputPlan", "check_module", "describe", "normalize", "name_of"]

@@ -20,7 +20,8 @@ from typing import Any, cast
 import torch
 from torch.autograd.function import once_differentiable
 
-from cugraphrt._memory.overwrites import OutputCheck
+from cugraphrt import adapter as core
+from cugraphrt.adapter import OutputCheck
 from cugraphrt.errors import ReplayError
 
 from ._autograd_guard import AliasGuard, GradBuffers
@@ -246,7 +247,7 @@ def _replayer(cuda_graph) -> Callable[[], None]:
     too. The callable holds the graph (``forward_graph``, ``backward_graph``), so the route
     lives as long as it.
     """
-    return getattr(cuda_graph._route, "on_torch_stream", cuda_graph.replay)
+    return getattr(core.route_of(cuda_graph), "on_torch_stream", cuda_graph.replay)
 
 
 def _autocast_text(state: tuple) -> str:

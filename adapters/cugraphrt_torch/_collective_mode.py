@@ -27,10 +27,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cugraphrt.distributed.crossrank import exchange_over_store
-from cugraphrt.distributed.log import Collective, log_for, track
-from cugraphrt.distributed.replay import first_replay
-from cugraphrt.distributed.watchdog import collective_timeout, guard_capture
+from cugraphrt.adapter import collectives as _collectives
 
 from . import _torch
 
@@ -93,7 +90,7 @@ def _group_name(value: Any) -> str:
         return str(torch.distributed.distributed_c10d._get_default_group().group_name)
 
 
-def describe_op(func: Any, args: tuple) -> Collective | None:
+def describe_op(func: Any, args: tuple) -> Any:
     """The :class:`Collective` a ``c10d``/``_c10d_functional`` operation issues, or None
     for one that issues none (``wait_tensor``, ...)."""
     name = func._schema.name.split("::", 1)[1]
@@ -123,7 +120,7 @@ def describe_op(func: Any, args: tuple) -> Collective | None:
         detail = " ".join(part for part in (op, root) if part)
     dtype = str(symmetric[0].dtype).replace("torch.", "") if symmetric else "-"
     count = sum(t.numel() for t in symmetric) if symmetric else -1
-    return Collective(kind, dtype, count, group, detail)
+    return _collectives.Collective(kind, dtype, count, group, detail)
 
 
 class _Recorder(TorchDispatchMode):
@@ -149,7 +146,7 @@ class _Recorder(TorchDispatchMode):
         if func.namespace in _NAMESPACES:
             collective = describe_op(func, args)
             if collective is not None:
-                log_for(self.capture, TorchExchanger()).add(collective)
+                _collectives.log_for(self.capture, TorchExchanger()).add(collective)
         return out
 
 
@@ -189,11 +186,11 @@ def recording(capture: Any) -> Iterator[None]:
         yield
         return
     stop = _no_guard
-    if collective_timeout() is not None:
+    if _collectives.collective_timeout() is not None:
         world = TorchExchanger()
         world_group: Any = torch.distributed.group.WORLD
         world.bind(frozenset({str(world_group.group_name)}))
-        stop = guard_capture("a capture with torch.distributed initialized", world)
+        stop = _collectives.guard_capture("a capture with torch.distributed initialized", world)
     try:
         with _Recorder(capture):
             yield
@@ -243,7 +240,8 @@ class TorchExchanger:
         if len(self.ranks) == 1:
             return {self.rank: payload}
         store = torch.distributed.distributed_c10d._get_default_store()
-        return exchange_over_store(store, f"cugraphrt/collectives/{self.key}/{tag}", self.rank,
+        return _collectives.exchange_over_store(
+            store, f"cugraphrt/collectives/{self.key}/{tag}", self.rank,
                                    self.ranks, payload, timeout_s)
 
     def default_timeout_s(self) -> float:
@@ -270,7 +268,7 @@ def arm(cuda_graph: Any, log: Any, replay: Any, torch_graph: Any, device: int) -
     if isinstance(exchanger, TorchExchanger):
         exchanger.bind(log.groups)
     log.seal()
-    track(cuda_graph, log)
+    _collectives.track(cuda_graph, log)
     ref = weakref.ref(torch_graph)
 
     def reset_torch_graph() -> None:
@@ -286,5 +284,5 @@ def arm(cuda_graph: Any, log: Any, replay: Any, torch_graph: Any, device: int) -
     def stream_of() -> int:
         return _torch.current_torch_stream_ptr(device)
 
-    replay._replay = first_replay(log, replay._replay, install, stream_of, device)
+    replay._replay = _collectives.first_replay(log, replay._replay, install, stream_of, device)
     _lifecycle.install()

@@ -21,8 +21,8 @@ import traceback
 import torch
 
 import cugraphrt
-from cugraphrt._capture import diagnose as _diagnose
-from cugraphrt._cuda import runtime as _cuda
+from cugraphrt.adapter import cuda as _cuda
+from cugraphrt.adapter import diagnose as _diagnose
 from cugraphrt.errors import CaptureError, PoolOutOfMemoryError
 
 __all__ = ["capture_error", "torch_capture_status", "TorchPoolOutOfMemoryError",
@@ -124,7 +124,7 @@ def capture_error(exc: BaseException, where: str | None = None,
     where : str, optional
         The call that failed when no line of the caller's code is involved, such as
         ``"torch.cuda.CUDAGraph.capture_end()"``.
-    capture : cugraphrt._capture.stream_capture.Capture, optional
+    capture : cugraphrt.adapter.Capture, optional
         The capture underway, for its mode and stream when the cause must be inferred.
     """
     if isinstance(exc, CaptureError):

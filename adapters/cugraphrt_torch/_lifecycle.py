@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import threading
 
-from cugraphrt.distributed.log import release_graphs
+from cugraphrt.adapter import collectives as _collectives
 
 __all__ = ["install"]
 
@@ -45,7 +45,7 @@ def install() -> None:
 
         def shutdown(self, *args, **kwargs):
             try:
-                release_graphs(groups=(str(self.group_name),))
+                _collectives.release_graphs(groups=(str(self.group_name),))
             except Exception:  # noqa: BLE001 - the shutdown itself must still happen
                 pass
             return original(self, *args, **kwargs)

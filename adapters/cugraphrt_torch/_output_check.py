@@ -1,4 +1,4 @@
-"""Reading an overwritten output raises: the torch side of :mod:`cugraphrt._memory.overwrites`.
+"""Reading an overwritten output raises: the torch side of the overwritten-output check.
 
 Each call of a checked graphed callable returns, per static output, a fresh tensor with a
 storage of its own over the same memory (no copy), and keeps a weak reference to that
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, resolve_check_outputs
+from cugraphrt.adapter import OutputCheck, OverwriteOrder, resolve_check_outputs
 
 __all__ = ["FIX_CLONE", "FIX_COMPILE", "FIX_COPY", "available", "checkable", "make_check",
            "TorchOutputs"]
@@ -81,7 +81,7 @@ def available() -> str | None:
 
 
 class TorchOutputs:
-    """:class:`cugraphrt._memory.overwrites.OutputOps` for torch tensors."""
+    """:class:`cugraphrt.adapter.OutputOps` for torch tensors."""
 
     array_type = torch.Tensor
 
@@ -130,7 +130,7 @@ def make_check(check_outputs: bool | None, label: str, fix: str,
     check_outputs : bool or None
         As the user passed it; None reads ``CUGRAPHRT_CHECK_OUTPUTS`` (default on).
     label, fix : str
-        For messages (see :class:`cugraphrt._memory.overwrites.OutputCheck`).
+        For messages (see :class:`cugraphrt.adapter.OutputCheck`).
     order : OverwriteOrder
         The order of the pool the callable's graphs are captured into.
     """

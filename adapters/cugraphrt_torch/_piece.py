@@ -25,10 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from cugraphrt._capture.graphs import Graph
-from cugraphrt._memory import pool as _pool_module
-from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
-from cugraphrt._memory.pool import MemPool
+from cugraphrt import Graph, MemPool
+from cugraphrt.adapter import FLAGS, OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 
 from ._output_check import FIX_COMPILE, checkable, make_check
@@ -123,7 +121,7 @@ class _Recording:
         self.write_back = write_back
         self.outputs = outputs
         self.clone = clone
-        self.seq = seq  # capture order in the pool (cugraphrt._memory.overwrites)
+        self.seq = seq  # capture order in the pool (cugraphrt.adapter.OverwriteOrder)
         self.checked = checked  # the outputs handed out as checked aliases
 
 
@@ -181,7 +179,7 @@ class Piece:
         if order.max_seq >= rec.seq:
             order.settle(rec.seq)
         replay = rec.replay
-        if _pool_module._checks_enabled:
+        if FLAGS.pool_checks:
             replay.on_torch_stream()
         else:
             replay._replay()

@@ -4,7 +4,7 @@ Without buckets, a piece that dynamo compiled with a dynamic size (its ``s0``) h
 recording per size it meets, up to ``max_graphs``, and runs further sizes eagerly. With
 ``options={"buckets": ...}`` an inference piece runs a call of size ``n`` on the graph of the
 smallest bucket ``>= n`` instead. The machinery is the core's
-(:class:`cugraphrt._callables.buckets.Bucketed`: static buffers sized for the largest bucket,
+(:class:`cugraphrt.adapter.Bucketed`: static buffers sized for the largest bucket,
 padding,
 one pool, outputs cut back to ``n``); this module reads off the AOT graph what it needs, which
 is exact where the other front ends must be told or guess:
@@ -26,10 +26,8 @@ from typing import Any, cast
 
 import torch
 
-from cugraphrt._callables.buckets import Bucketed, CapturedBucket
-from cugraphrt._capture.graphs import Graph
-from cugraphrt._memory.overwrites import order_for
-from cugraphrt._memory.pool import MemPool
+from cugraphrt import Graph, MemPool
+from cugraphrt.adapter import Bucketed, CapturedBucket, order_for
 
 from ._output_check import FIX_COMPILE, make_check
 from .bucketed import _TorchOps

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 import cugraphrt
-from cugraphrt import _tree
+from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import CugraphrtError, OptionsError
 
 from ._autograd_guard import guard_for

@@ -15,10 +15,8 @@ from typing import Any
 import cupy
 import torch
 
-from cugraphrt._callables.buckets import Bucketed, CapturedBucket
-from cugraphrt._capture.graphs import Graph
-from cugraphrt._memory.overwrites import order_for
-from cugraphrt._memory.pool import MemPool
+from cugraphrt import Graph, MemPool
+from cugraphrt.adapter import Bucketed, CapturedBucket, order_for
 from cugraphrt.errors import ReplayError
 
 from ._output_check import FIX_COPY, make_check

@@ -1,8 +1,8 @@
 """cugraphrt_torch.graph: capture torch work (and CuPy work on the same stream) into a Graph.
 
 Design. The CUDA-level capture is torch's own ``torch.cuda.CUDAGraph(keep_graph=True)``,
-begun and ended through the core's adapter hooks (``Graph._begin(start=...)``,
-``Graph._end(finish=...)``, ``Graph._adopt``), on one stream that is current for both CuPy
+begun and ended through the core's capture hooks (:mod:`cugraphrt.adapter`: ``begin_capture``,
+``end_capture``, ``adopt``), on one stream that is current for both CuPy
 and torch. Torch must own the capture: only its ``capture_begin``/``replay`` make the CUDA
 RNG graph-safe (a fresh philox offset on every replay), and only its ``capture_begin`` tells
 its caching allocator which pool to allocate from. That pool is a ``torch.cuda.MemPool``
@@ -25,18 +25,18 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import cupy
 
-from cugraphrt._capture.graphs import Graph, _resolve_pool
-from cugraphrt._cuda import runtime as _cuda
-from cugraphrt._cuda.devices import check_capture_stream, check_replay_stream
-from cugraphrt._memory import pool as _pool_module
-from cugraphrt._memory.pool import MemPool
+from cugraphrt import Graph, MemPool
+from cugraphrt import adapter as core
+from cugraphrt.adapter import FLAGS, check_capture_stream, check_replay_stream
+from cugraphrt.adapter import cuda as _cuda
+from cugraphrt.adapter import resolve_pool as _resolve_pool
 from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayError
 from cugraphrt.options import CaptureOptions, validate_options
 
 from . import _alloc, _collective_mode, _errors, _torch
 
 if TYPE_CHECKING:
-    from cugraphrt._capture.stream_capture import Capture
+    from cugraphrt.adapter import Capture
 
 __all__ = ["graph"]
 
@@ -198,7 +198,7 @@ class _Session:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
         try:
-            capture = cuda_graph._begin(session.pool, mode, start=session._start)
+            capture = core.begin_capture(cuda_graph, session.pool, mode, start=session._start)
         except BaseException:
             # Refused before torch began (the default stream, a pool of another device): the
             # torch pool taken for this capture has one user fewer.
@@ -275,22 +275,28 @@ class _Session:
         self._stop_recording()
         cuda_graph = self.cuda_graph
         try:
-            raw_graph = cuda_graph._end(finish=self._finish, instantiate=False)
+            raw_graph = core.end_capture(cuda_graph, finish=self._finish, instantiate=False)
         except CugraphrtError as exc:
-            if cuda_graph._capture is not None:  # still underway: e.g. a stream switched
-                cuda_graph._abort_capture(exc)
+            if core.capture_of(cuda_graph) is not None:  # still underway: a stream switched
+                core.abort_capture(cuda_graph, exc)
             raise
-        replay = _Replay(self.torch_graph.replay, cuda_graph._handles, self.device)
+        replay = _Replay(self.torch_graph.replay, core.graph_handles(cuda_graph), self.device)
         owner = _Owner(self.torch_graph, self.pool, self.mempool, replay)
         instantiate = _Instantiate(owner)
         try:
-            exec_handle = 0 if cuda_graph._keep_graph else instantiate()
+            exec_handle = 0 if cuda_graph.keep_graph else instantiate()
         except Exception as exc:
-            cuda_graph._adopt(owner, raw_graph, 0)  # torch owns the handles: let it free them
+            core.adopt(cuda_graph, owner, raw_graph, 0)  # torch owns the handles: it frees them
             cuda_graph.reset()
             raise CaptureError(f"torch could not instantiate the captured graph (got: {exc}); "
                                f"see the chained exception") from exc
-        cuda_graph._adopt(owner, raw_graph, exec_handle, replay=replay, instantiate=instantiate)
+        # A cugraphrt_torch.CUDAGraph replays through torch itself (its own replay method):
+        # it takes the replay object, where a plain Graph takes it as its route.
+        adopted = getattr(cuda_graph, "_adopted", None)
+        core.adopt(cuda_graph, owner, raw_graph, exec_handle,
+                   route=replay if adopted is None else None, instantiate=instantiate)
+        if adopted is not None:
+            adopted(replay, exec_handle)
         log = self.capture.collectives if self.capture is not None else None
         if log is not None:  # checked across ranks before its first replay, and so on
             _collective_mode.arm(cuda_graph, log, replay, self.torch_graph, self.device)
@@ -301,7 +307,7 @@ class _Session:
     def abort(self, exc: BaseException) -> None:
         self._stop_recording()
         self.failed = self.capture  # its mode and stream explain the error (error_for)
-        self.cuda_graph._abort_capture(exc)  # runs _on_abort first, then rolls back
+        core.abort_capture(self.cuda_graph, exc)  # runs _on_abort first, then rolls back
         self.capture = None
 
     def _on_abort(self, capture) -> None:
@@ -446,10 +452,10 @@ class _Replay:
                 raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream, "
                                    "an int handle, or None for CuPy's current stream") from None
             check_replay_stream(stream, self._device)
-        checked = _pool_module._checks_enabled
+        checked = FLAGS.pool_checks
         if checked:
             pool, seq = self._handles.pool, self._handles.seq
-            pool._check_replay(seq, ptr)
+            core.check_replay(pool, seq, ptr)
         if _torch.current_torch_stream_ptr(self._device) == ptr:
             self._replay()
         else:
@@ -458,11 +464,11 @@ class _Replay:
             with torch.cuda.stream(_torch.torch_stream_for(ptr, self._device)):
                 self._replay()
         if checked:
-            pool._note_replay(seq, ptr)
+            core.note_replay(pool, seq, ptr)
 
     def on_torch_stream(self) -> None:
         """Replay on torch's current stream (what graph_module calls)."""
-        if _pool_module._checks_enabled:
+        if FLAGS.pool_checks:
             self(_torch.current_torch_stream_ptr(self._device))
         else:
             self._replay()

@@ -1,6 +1,6 @@
 """cugraphrt_torch.while_loop and cond: device-side control flow over torch tensors.
 
-The core (:mod:`cugraphrt._control.loops`) builds the conditional nodes; this module lets torch take
+The core (``cugraphrt.adapter.control``) builds the conditional nodes; this module lets torch take
 part in capturing their bodies, inside :class:`cugraphrt_torch.graph`:
 
 * torch's current stream is the body stream, so torch sees the body as capturing (its RNG and
@@ -22,8 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cugraphrt._capture.stream_capture import Capture
-from cugraphrt._control import loops as control
+from cugraphrt.adapter import Capture, control
 from cugraphrt.errors import CaptureError
 
 from . import _alloc, _errors, _torch

@@ -27,10 +27,10 @@ import weakref
 from collections.abc import Callable
 from typing import cast
 
+from cugraphrt import Graph, MemPool
+from cugraphrt import adapter as core
 from cugraphrt import graph_pool_handle as _core_graph_pool_handle
-from cugraphrt._capture.graphs import Graph
-from cugraphrt._cuda import runtime as _cuda
-from cugraphrt._memory.pool import MemPool
+from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import CaptureError, OptionsError, ReplayError
 from cugraphrt.options import CaptureOptions, validate_options
 
@@ -193,11 +193,10 @@ class CUDAGraph(Graph):
         finally:
             self._close_streams()
 
-    def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None,
-               instantiate: Callable[[], int] | None = None) -> None:
-        # Torch's replay stays this CUDAGraph's replay path (on torch's current stream), not
-        # a replacement of Graph.replay; a kept graph is instantiated by its first replay.
-        super()._adopt(owner, graph_handle, exec_handle, instantiate=instantiate)
+    def _adopted(self, replay, exec_handle: int) -> None:
+        # Called by the capture once the core adopted torch's graph. Torch's replay stays
+        # this CUDAGraph's replay path (on torch's current stream) besides the route; a kept
+        # graph is instantiated by its first replay.
         self._torch_replay = replay
         if replay is None:
             self._replay_fn = _replay_before_capture
@@ -223,11 +222,11 @@ class CUDAGraph(Graph):
         if stream is None:
             self._replay_fn()
             return
-        self._ready_exec("replay()")
+        core.ready_exec(self, "replay()")
         cast(_Replay, self._torch_replay)(stream)  # set by _adopt with the executable
 
     def _first_replay(self) -> None:
-        self._ready_exec("replay()")  # instantiates the kept graph through torch
+        core.ready_exec(self, "replay()")  # instantiates the kept graph through torch
         replay = cast(_Replay, self._torch_replay)
         self._replay_fn = replay.on_torch_stream
         replay.on_torch_stream()
@@ -241,12 +240,12 @@ class CUDAGraph(Graph):
             With ``keep_graph=False`` ("instantiate() is intended to be called by the user
             only when keep_graph=true"), or before :meth:`capture_end`.
         """
-        if not self._keep_graph:
+        if not self.keep_graph:
             raise CaptureError(
                 "instantiate() is intended to be called by the user only when keep_graph=true "
                 "(got CUDAGraph(keep_graph=False), instantiated at capture_end()); create the "
                 "graph with keep_graph=True to instantiate it yourself")
-        if not self._captured:
+        if not self.is_captured:
             raise CaptureError("capture_end() must have been called before calling instantiate "
                                "(got no captured graph); capture first")
         super().instantiate()
@@ -297,12 +296,12 @@ class CUDAGraph(Graph):
         CaptureError
             Before :meth:`capture_end`.
         """
-        if not (self._debug_mode or self._keep_graph):
+        if not (self._debug_mode or self.keep_graph):
             warnings.warn("CUDA Graphs debug not enabled, set with [graph].enable_debug_mode() "
                           "(got debug_dump() without it); call enable_debug_mode() first",
                           UserWarning, stacklevel=2)
             return
-        handle = self._handles.graph
+        handle = core.graph_handles(self).graph
         if not handle:
             raise CaptureError("debug_dump() before capture_end() (got no captured graph); "
                                "capture first")
@@ -316,15 +315,15 @@ class CUDAGraph(Graph):
         CaptureError
             With ``keep_graph=False`` or before :meth:`capture_end`.
         """
-        if not self._keep_graph:
+        if not self.keep_graph:
             raise CaptureError(
                 "You cannot access the raw cudaGraph_t instance unless CUDAGraph was "
                 "initialized with keep_graph=true (got keep_graph=False); create it with "
                 "CUDAGraph(keep_graph=True)")
-        if not self._handles.graph:
+        if not core.graph_handles(self).graph:
             raise CaptureError("You cannot access the raw cudaGraph_t instance until "
                                "capture_end() has been called (got no captured graph)")
-        return self._handles.graph
+        return core.graph_handles(self).graph
 
     def raw_cuda_graph_exec(self) -> int:
         """The ``cudaGraphExec_t`` as an int (after :meth:`instantiate` when ``keep_graph``).
@@ -335,9 +334,10 @@ class CUDAGraph(Graph):
             Before the graph was instantiated (``keep_graph=True`` without :meth:`instantiate`
             or a replay), or before :meth:`capture_end`.
         """
-        if self._exec is None:
+        exec_handle = core.graph_handles(self).exec
+        if not exec_handle:
             raise CaptureError(
                 "You cannot access the raw cudaGraphExec_t instance until instantiate() has "
                 "been called (got a graph not instantiated yet); call instantiate() or "
                 "replay() first")
-        return self._exec
+        return exec_handle

@@ -32,9 +32,13 @@ from typing import Any
 
 import torch
 
-from cugraphrt.distributed import log as collective_log
-from cugraphrt.distributed.collectives import blocking_wait_variable, check_nccl_version
-from cugraphrt.distributed.watchdog import collective_timeout, set_collective_timeout
+from cugraphrt.adapter import collectives as collective_log
+from cugraphrt.distributed import (
+    blocking_wait_variable,
+    check_nccl_version,
+    collective_timeout,
+    set_collective_timeout,
+)
 from cugraphrt.errors import CaptureError, OptionsError
 
 from . import _torch

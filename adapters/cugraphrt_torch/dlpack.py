@@ -17,7 +17,7 @@ import importlib.util
 import cupy
 import torch
 
-from cugraphrt._cuda import runtime as _cuda
+from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import OptionsError
 
 from . import _torch

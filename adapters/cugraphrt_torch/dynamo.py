@@ -19,9 +19,9 @@ import torch
 import torch._guards
 from pydantic import Field
 
-from cugraphrt._callables.buckets import resolve_buckets
+from cugraphrt.adapter import resolve_buckets
 from cugraphrt.errors import OptionsError
-from cugraphrt.options import _Frozen, validate_options
+from cugraphrt.options import Frozen, validate_options
 
 from . import _fx_inspect
 from ._piece import Piece, PieceReport, PieceSettings, live_pieces
@@ -30,7 +30,7 @@ from ._piece_buckets import PieceBuckets, plan_buckets
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
 
 
-class CompileOptions(_Frozen):
+class CompileOptions(Frozen):
     """Options of the ``"cugraphrt"`` backend, given as ``torch.compile(options={...})``.
 
     Attributes

@@ -8,12 +8,9 @@ from typing import Any
 import cupy
 import torch
 
-from cugraphrt import _tree
-from cugraphrt._capture.graph_context import default_capture_stream
-from cugraphrt._capture.graphs import Graph
-from cugraphrt._memory import pool as _pool_module
-from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
-from cugraphrt._memory.pool import MemPool
+from cugraphrt import Graph, MemPool, default_capture_stream
+from cugraphrt.adapter import FLAGS, OutputCheck, OverwriteOrder, order_for
+from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import MakeGraphedOptions, validate_options
 
@@ -213,7 +210,7 @@ class GraphedModule:
         self._num_inputs = len(static_inputs)
         self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
         self._out_is_tensor = isinstance(outputs, _Tensor)
-        # Overwritten outputs (cugraphrt._memory.overwrites): the pool's order is settled before
+        # Overwritten outputs (cugraphrt.adapter.OverwriteOrder): the pool's order is settled before
         # every replay, so outputs of other graphs this one may overwrite get marked too.
         self._order = order if order is not None else OverwriteOrder()
         self._seq = seq
@@ -248,7 +245,7 @@ class GraphedModule:
         if order.max_seq >= self._seq:
             order.settle(self._seq)
         replay = self._replay_obj
-        if _pool_module._checks_enabled:
+        if FLAGS.pool_checks:
             replay.on_torch_stream()
         else:
             replay._replay()

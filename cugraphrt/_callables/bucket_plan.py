@@ -9,32 +9,16 @@ indexes by size, so that a call allocates nothing.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from cugraphrt import _tree
 from cugraphrt.errors import OptionsError
 
-__all__ = ["ArrayOps", "Slot", "bucket_sizes", "check_budget", "check_pad", "leaf_dims",
+if TYPE_CHECKING:
+    from cugraphrt._callables.framework import Framework as ArrayOps
+
+__all__ = ["Slot", "bucket_sizes", "check_budget", "check_pad", "leaf_dims",
            "make_slot", "resolve_buckets", "rows", "sample_size"]
-
-
-class ArrayOps(Protocol):
-    """What the bucket machinery needs to know about a front end's arrays."""
-
-    @property
-    def array_type(self) -> type[Any]: ...
-
-    def describe(self, value: Any) -> str: ...
-
-    def empty(self, like: Any, shape: tuple[int, ...]) -> Any: ...
-
-    def is_contiguous(self, array: Any) -> bool: ...
-
-    def copy(self, dst: Any, src: Any) -> None: ...
-
-    def fill(self, rows: Any, value: float) -> None: ...
-
-    def clone(self, array: Any) -> Any: ...
 
 
 def resolve_buckets(buckets: Any, sample_size: int) -> tuple[int, ...]:

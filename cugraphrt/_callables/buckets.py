@@ -6,7 +6,8 @@ and runs a call of size ``n`` on the graph of the smallest bucket ``>= n``: the 
 copied into that bucket's static buffers, the rows past ``n`` are filled with a pad value, and
 outputs that carry the dynamic dimension come back as views of their first ``n`` rows. The
 front ends (:func:`cugraphrt.make_graphed` for CuPy functions, ``cugraphrt_torch.graph_module``
-for torch modules) differ only in an :class:`ArrayOps` and in how they capture one bucket.
+for torch modules) differ only in their :class:`~cugraphrt.adapter.Framework` and in how they
+capture one bucket.
 
 Memory. Every bucket's graph is captured into one pool, largest first by
 :meth:`Bucketed.capture_all`, so the smaller buckets reuse the largest one's temporaries, and
@@ -31,7 +32,6 @@ from typing import Any
 
 from cugraphrt import _tree
 from cugraphrt._callables.bucket_plan import (
-    ArrayOps,
     Slot,
     bucket_sizes,
     check_budget,
@@ -42,12 +42,14 @@ from cugraphrt._callables.bucket_plan import (
     rows,
     sample_size,
 )
-from cugraphrt._memory.overwrites import OutputCheck
+from cugraphrt._callables.call_path import CallPath, HandOut
+from cugraphrt._callables.framework import Framework
+from cugraphrt._memory.overwrites import OutputCheck, order_for
 from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import BucketStat, BucketStats, PoolStats
 
-__all__ = ["ArrayOps", "Bucketed", "CapturedBucket", "resolve_buckets"]
+__all__ = ["Bucketed", "CapturedBucket", "resolve_buckets"]
 
 
 class CapturedBucket:
@@ -79,13 +81,14 @@ class CapturedBucket:
 class _Bucket:
     """One bucket: its graph (or None while not captured) and its counters."""
 
-    __slots__ = ("size", "entry", "outputs_by_n", "last_used", "calls", "captures",
+    __slots__ = ("size", "entry", "path", "outputs_by_n", "last_used", "calls", "captures",
                  "evictions", "padded_rows", "capture_seconds", "growth_bytes", "over_budget",
                  "alone_bytes")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.entry: CapturedBucket | None = None
+        self.path: CallPath | None = None  # the call path of entry's graph
         self.outputs_by_n: dict[int, Any] = {}
         self.last_used = 0
         self.calls = self.captures = self.evictions = self.padded_rows = 0
@@ -105,7 +108,7 @@ class Bucketed:
     alive until a garbage collection (docs/concepts.md, "Lifetimes").
     """
 
-    def __init__(self, *, ops: ArrayOps, sample_args: tuple, buckets: Any,
+    def __init__(self, *, ops: Framework, sample_args: tuple, buckets: Any,
                  dynamic_dim: int | Sequence[int | None], pad: Any, memory_budget: int | None,
                  strict: bool, pool: MemPool | None, copy_outputs: bool,
                  capture: Callable[[tuple, MemPool], CapturedBucket], eager: Callable[..., Any],
@@ -151,7 +154,7 @@ class Bucketed:
             else:
                 self._constants.append((index, leaf, path))
         self._probe = self._slots[0]
-        self._clock = 0
+        self._clock = _Clock()
         self._eager_calls = 0
         self._fallbacks: dict[str, int] = {}
         self._warned: set[str] = set()
@@ -210,63 +213,16 @@ class Bucketed:
                 return self._fallback(args, f"constant {path}", (
                     f"argument {path} differs from the sample (expected {expected!r}, got "
                     f"{leaves[index]!r}); non-array arguments are baked into the graphs"))
-        entry = bucket.entry
-        if entry is None:
-            entry = self._capture(bucket)
-            if entry is None:
+        path = bucket.path
+        if path is None:
+            if self._capture(bucket) is None:
                 return self._fallback(args, f"budget {bucket.size}", (
                     f"bucket {bucket.size} alone needs more pool memory than memory_budget="
                     f"{self._budget} bytes (got {bucket.alone_bytes} bytes reserved with its "
                     f"graph alone)"))
-        copy = self._ops.copy
-        size = bucket.size
-        for slot in self._slots:
-            copy(slot.copy_views[n], leaves[slot.index])
-            dirty = slot.dirty[n]
-            rows = dirty[0]
-            if n < size:
-                if self._pad_fn is not None:
-                    self._pad_fn(slot.pad_views[n], slot.path)
-                elif rows > n:
-                    self._ops.fill(slot.pad_views[n], self._pad_value)
-            dirty[0] = n if rows <= size else rows
-        for index, static, _, _, _ in self._statics:
-            value = leaves[index]
-            if value is not static:
-                copy(static, value)
-        check = self._check
-        if check is not None:  # after the copies: an argument may be a previous output
-            check.before_replay(entry.seq, leaves)
-        entry.replay()
-        self._clock += 1
-        bucket.last_used = self._clock
-        bucket.calls += 1
-        bucket.padded_rows += size - n
-        outputs = bucket.outputs_by_n.get(n)
-        if outputs is None:
-            outputs = bucket.outputs_by_n[n] = self._views(entry.outputs, bucket.size, n)
-        if self._copy_outputs:
-            return _tree.unflatten(*_cloned(self._ops, outputs))
-        if check is not None:
-            return check.hand_out_tree(entry.seq, outputs)
-        return outputs
-
-    def _views(self, outputs: Any, size: int, n: int) -> Any:
-        """The outputs as a call of size ``n`` sees them: dynamic outputs cut to ``n`` rows."""
-        leaves, spec, _ = _tree.flatten(outputs)
-        if self._output_dims is not None:
-            return _tree.unflatten(spec, [
-                rows(leaf, at, 0, n) if at is not None and n != size else leaf
-                for leaf, at in zip(leaves, self._output_dims, strict=True)])
-        array_type = self._ops.array_type
-        dim = self._probe.dim
-        cut = []
-        for leaf in leaves:
-            if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim
-                    and leaf.shape[dim] == size):
-                leaf = rows(leaf, dim, 0, n)
-            cut.append(leaf)
-        return _tree.unflatten(spec, cut)
+            path = bucket.path
+            assert path is not None
+        return path(leaves)
 
     # -- capture, eviction -----------------------------------------------------------------
 
@@ -282,8 +238,10 @@ class Bucketed:
         bucket.captures += 1
         bucket.entry = entry
         bucket.outputs_by_n = {}
-        self._clock += 1
-        bucket.last_used = self._clock
+        steps = _BucketSteps(self, bucket, entry)
+        bucket.path = CallPath(steps.load, order_for(pool), entry.seq, entry.replay,
+                               steps.hand_out)
+        bucket.last_used = self._clock.tick()
         bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
         if self._budget is not None and not self._fit_budget(keep=bucket):
             # Every other bucket is gone and this one still does not fit. Memory a framework
@@ -333,6 +291,7 @@ class Bucketed:
 
     def _evict(self, bucket: _Bucket) -> None:
         entry, bucket.entry = bucket.entry, None
+        bucket.path = None
         bucket.outputs_by_n = {}
         if entry is not None:
             bucket.evictions += 1
@@ -439,7 +398,94 @@ class Bucketed:
                 f"{captured} captured, pool {self.pool.id}>")
 
 
-def _cloned(ops: ArrayOps, outputs: Any) -> tuple:
-    leaves, spec, _ = _tree.flatten(outputs)
-    return spec, [ops.clone(leaf) if isinstance(leaf, ops.array_type) else leaf
-                  for leaf in leaves]
+class _Clock:
+    """Calls and captures so far, for least-recently-used eviction."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def tick(self) -> int:
+        self.now += 1
+        return self.now
+
+
+class _BucketSteps:
+    """The load and hand-out steps of one bucket's call path.
+
+    They copy a call of size ``n`` into the bucket's static buffers (padding the rows past
+    ``n``) and hand out the outputs cut to ``n`` rows. They reach what they need, never the
+    :class:`Bucketed` (which holds them: see its docstring).
+    """
+
+    __slots__ = ("_bucket", "_slots", "_statics", "_ops", "_pad_fn", "_pad_value", "_clock",
+                 "_probe", "_outputs", "_output_dims", "_copy", "_check", "_seq")
+
+    def __init__(self, owner: Bucketed, bucket: _Bucket, entry: CapturedBucket) -> None:
+        self._bucket = bucket
+        self._slots = owner._slots
+        self._statics = owner._statics
+        self._ops = owner._ops
+        self._pad_fn = owner._pad_fn
+        self._pad_value = owner._pad_value
+        self._clock = owner._clock
+        self._probe = owner._probe
+        self._outputs = entry.outputs
+        self._output_dims = owner._output_dims
+        self._copy = owner._copy_outputs
+        self._check = owner._check
+        self._seq = entry.seq
+
+    def load(self, leaves: Sequence[Any]) -> int:
+        probe = self._probe
+        n = leaves[probe.index].shape[probe.dim]
+        bucket = self._bucket
+        size = bucket.size
+        copy = self._ops.copy
+        for slot in self._slots:
+            copy(slot.copy_views[n], leaves[slot.index])
+            dirty = slot.dirty[n]
+            rows = dirty[0]
+            if n < size:
+                if self._pad_fn is not None:
+                    self._pad_fn(slot.pad_views[n], slot.path)
+                elif rows > n:
+                    self._ops.fill(slot.pad_views[n], self._pad_value)
+            dirty[0] = n if rows <= size else rows
+        for index, static, _, _, _ in self._statics:
+            value = leaves[index]
+            if value is not static:
+                copy(static, value)
+        bucket.last_used = self._clock.tick()
+        bucket.calls += 1
+        bucket.padded_rows += size - n
+        return n
+
+    def hand_out(self, n: int) -> Any:
+        bucket = self._bucket
+        hand_out = bucket.outputs_by_n.get(n)
+        if hand_out is None:
+            hand_out = bucket.outputs_by_n[n] = HandOut(
+                self._views(bucket.size, n), self._ops, copy=self._copy, check=self._check,
+                seq=self._seq)
+        return hand_out()
+
+    def _views(self, size: int, n: int) -> Any:
+        """The outputs as a call of size ``n`` sees them: dynamic outputs cut to ``n`` rows."""
+        leaves, spec, _ = _tree.flatten(self._outputs)
+        if self._output_dims is not None:
+            return _tree.unflatten(spec, [
+                rows(leaf, at, 0, n) if at is not None and n != size else leaf
+                for leaf, at in zip(leaves, self._output_dims, strict=True)])
+        array_type = self._ops.array_type
+        dim = self._probe.dim
+        cut = []
+        for leaf in leaves:
+            if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim
+                    and leaf.shape[dim] == size):
+                leaf = rows(leaf, dim, 0, n)
+            cut.append(leaf)
+        return _tree.unflatten(spec, cut)
+
+

@@ -9,11 +9,14 @@ import cupy
 
 from cugraphrt import _tree
 from cugraphrt._callables.buckets import Bucketed, CapturedBucket
-from cugraphrt._callables.checked_views import FIX, CupyViews
+from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
+from cugraphrt._callables.checked_views import FIX
+from cugraphrt._callables.cupy_framework import CUPY
 from cugraphrt._capture import graphs as _graphs
 from cugraphrt._capture.graph_context import graph
 from cugraphrt._capture.graphs import Graph
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._flags import FLAGS
 from cugraphrt._memory.backing import _on_device
 from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
 from cugraphrt._memory.pool import MemPool
@@ -23,7 +26,6 @@ from cugraphrt.options import MakeGraphedOptions, validate_options
 __all__ = ["make_graphed", "GraphedFunction", "BucketedFunction"]
 
 _ndarray = cupy.ndarray
-_copyto = cupy.copyto
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
 
@@ -124,7 +126,7 @@ def make_graphed(
                                 dynamic_dim=dynamic_dim, pad=pad,
                                 memory_budget=memory_budget, strict=strict,
                                 check=(lambda pool: OutputCheck(
-                                    label + ", buckets", FIX, order_for(pool), CupyViews()))
+                                    label + ", buckets", FIX, order_for(pool), CUPY))
                                 if checked else None)
     _check_devices(sample_args)
     _warm_up(fn, sample_args, options.num_warmup_iters)
@@ -133,7 +135,7 @@ def make_graphed(
         outputs = fn(*sample_args)
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
-    check = OutputCheck(label, FIX, order, CupyViews()) if checked else None
+    check = OutputCheck(label, FIX, order, CUPY) if checked else None
     return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs,
                            order=order, seq=seq, check=check)
 
@@ -161,6 +163,9 @@ def _warm_up(fn: Callable, args: tuple, iterations: int) -> None:
 class GraphedFunction:
     """A captured function: call it like the original.
 
+    Each call runs the one call path (:mod:`cugraphrt._callables.call_path`) on CuPy's
+    framework: copy in, settle, replay, hand out.
+
     Attributes
     ----------
     graph : Graph
@@ -178,33 +183,17 @@ class GraphedFunction:
         self.__wrapped__ = fn
         self.static_inputs = sample_args
         self.static_outputs = outputs
-        self._copy_outputs = copy_outputs
         leaves, self._spec, paths = _tree.flatten(sample_args, "args")
         self._flat = self._spec.is_flat_tuple
         self._num_leaves = len(leaves)
-        # One entry per leaf, everything the call path needs precomputed.
-        self._arrays = []
-        self._constants = []
-        for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
-            if isinstance(leaf, _ndarray):
-                self._arrays.append((index, leaf, leaf.shape, leaf.dtype, leaf.data.device_id,
-                                     leaf.nbytes, bool(leaf._c_contiguous), path))
-            else:
-                self._constants.append((index, leaf, path))
-        self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
-        # Overwritten outputs (cugraphrt._memory.overwrites): the pool's order is settled before
-        # every replay; with check, each call hands out fresh arrays, checked at the next.
-        self._order = order if order is not None else OverwriteOrder()
-        self._seq = seq
-        self._check = check
-        if check is not None:
-            check.names = paths
-        self._which = [i for i, leaf in enumerate(self._out_leaves) if isinstance(leaf, _ndarray)]
-        self._replay = cuda_graph.replay
+        self._path = CallPath(CopyIn(CUPY, leaves, paths),
+                              order if order is not None else OverwriteOrder(), seq,
+                              cuda_graph.replay,
+                              HandOut(outputs, CUPY, copy=copy_outputs, check=check, seq=seq))
         self._device = cuda_graph._device
 
     def __call__(self, *args: Any) -> Any:
-        if _graphs._multi_device and _cuda.current_device() != self._device:
+        if FLAGS.multi_device and _cuda.current_device() != self._device:
             # Copies and replay on the graph's device, ordered on its current stream.
             with _on_device(self._device):
                 return self(*args)
@@ -212,34 +201,10 @@ class GraphedFunction:
             leaves: Sequence[Any] = args
         else:
             leaves = self._structured_leaves(args)
-        for index, static, shape, dtype, device, nbytes, contiguous, path in self._arrays:
-            value = leaves[index]
-            if value is static:
-                continue
-            if (type(value) is not _ndarray or value.shape != shape or value.dtype != dtype
-                    or value.data.device_id != device):
-                raise _mismatch(path, static, value)
-            if not (contiguous and value._c_contiguous and value.data.ptr == static.data.ptr):
-                _copy_into(static, value, nbytes, contiguous and value._c_contiguous)
-        for index, expected, path in self._constants:
-            if leaves[index] != expected:
-                raise ReplayError(
-                    f"argument {path} differs from the capture (expected {expected!r}, got "
-                    f"{leaves[index]!r}); non-array arguments are baked into the graph: "
-                    f"pass the captured value or graph the function again"
-                )
-        order = self._order  # after the copies: an argument may be a previous output
-        if order.max_seq >= self._seq:
-            order.settle_call(self._seq, leaves)
-        self._replay()
-        if self._copy_outputs:
-            return _tree.unflatten(self._out_spec, [
-                leaf.copy() if isinstance(leaf, _ndarray) else leaf for leaf in self._out_leaves
-            ])
-        if self._check is not None:
-            return _tree.unflatten(self._out_spec, self._check.hand_out(
-                self._seq, self._out_leaves, self._which))
-        return self.static_outputs
+        try:
+            return self._path(leaves)
+        except Mismatch as exc:
+            raise _mismatch(exc) from None
 
     def _structured_leaves(self, args: tuple) -> list:
         leaves, spec, _ = _tree.flatten(args, "args")
@@ -256,64 +221,18 @@ class GraphedFunction:
         return f"<cugraphrt.GraphedFunction of {name} ({self._num_leaves} inputs)>"
 
 
-def _copy_into(static: cupy.ndarray, value: cupy.ndarray, nbytes: int, flat: bool) -> None:
-    """Copy a new input into its static buffer on the current stream."""
-    if flat:
-        static.data.copy_from_device_async(value.data, nbytes)  # one memcpy, no kernel
-    else:
-        _copyto(static, value)
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, _ndarray):
-        return f"shape {value.shape} {value.dtype} on device {value.data.device_id}"
-    if hasattr(value, "shape") and hasattr(value, "dtype"):
-        return f"{type(value).__module__}.{type(value).__name__} of shape {value.shape}"
-    return f"{type(value).__name__} {value!r}"
-
-
-def _mismatch(path: str, static: Any, value: Any) -> ReplayError:
+def _mismatch(exc: Mismatch) -> ReplayError:
+    if not isinstance(exc.static, _ndarray):
+        return ReplayError(
+            f"argument {exc.path} differs from the capture (expected {exc.static!r}, got "
+            f"{exc.value!r}); non-array arguments are baked into the graph: pass the captured "
+            f"value or graph the function again"
+        )
     return ReplayError(
-        f"argument {path} does not match the capture (expected {_describe(static)}, got "
-        f"{_describe(value)}); pass a CuPy array of the captured shape, dtype and device, "
-        f"or graph the function again for the new shape"
+        f"argument {exc.path} does not match the capture (expected "
+        f"{CUPY.describe(exc.static)}, got {CUPY.describe(exc.value)}); pass a CuPy array of "
+        f"the captured shape, dtype and device, or graph the function again for the new shape"
     )
-
-
-class _CupyOps:
-    """How the bucket machinery handles CuPy arrays."""
-
-    array_type = _ndarray
-
-    @staticmethod
-    def describe(value: Any) -> str:
-        return _describe(value)
-
-    @staticmethod
-    def empty(like: cupy.ndarray, shape: tuple[int, ...]) -> cupy.ndarray:
-        return cupy.empty(shape, dtype=like.dtype)
-
-    @staticmethod
-    def is_contiguous(array: cupy.ndarray) -> bool:
-        return bool(array._c_contiguous)
-
-    @staticmethod
-    def copy(dst: cupy.ndarray, src: cupy.ndarray) -> None:
-        if dst._c_contiguous and src._c_contiguous:
-            dst.data.copy_from_device_async(src.data, src.nbytes)  # one memcpy, no kernel
-        else:
-            _copyto(dst, src)
-
-    @staticmethod
-    def fill(rows: cupy.ndarray, value: float) -> None:
-        if value == 0 and rows._c_contiguous:
-            rows.data.memset_async(0, rows.nbytes)  # no kernel launch
-        else:
-            rows.fill(value)
-
-    @staticmethod
-    def clone(array: cupy.ndarray) -> cupy.ndarray:
-        return array.copy()
 
 
 class BucketedFunction(Bucketed):
@@ -356,13 +275,13 @@ class BucketedFunction(Bucketed):
                 lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
                 seq)
 
-        super().__init__(ops=_CupyOps(), sample_args=sample_args, buckets=buckets,
+        super().__init__(ops=CUPY, sample_args=sample_args, buckets=buckets,
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
                          strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
                          eager=fn, name=name, check=check)
 
     def __call__(self, *args: Any) -> Any:
-        if _graphs._multi_device and _cuda.current_device() != self._device:
+        if FLAGS.multi_device and _cuda.current_device() != self._device:
             with _on_device(self._device):
                 return super().__call__(*args)
         return super().__call__(*args)

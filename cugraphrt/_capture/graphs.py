@@ -19,8 +19,8 @@ from cugraphrt._capture.graph_handles import GraphHandles as _GraphHandles
 from cugraphrt._capture.launcher import Launcher
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.devices import stream_ptr
+from cugraphrt._flags import FLAGS
 from cugraphrt._libraries import capture_setup as _libs
-from cugraphrt._memory import pool as _pool_module
 from cugraphrt._memory.backing import _on_device
 from cugraphrt._memory.pool import MemPool
 from cugraphrt.distributed import replay as collective_replay
@@ -32,30 +32,13 @@ __all__ = ["Graph"]
 _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
 _get_device = _cuda.get_device
-# The replay path reads module globals, one lookup each: whether the pool-order checks are on,
-# and whether this process sees several devices (only then can another device be current
-# when a graph replays).
-# ``_plain`` is the one flag the common case reads: neither of them.
-_pool_checks = _pool_module.pool_checks_enabled()
-_multi_device = False
-_plain = not _pool_checks
-
-
-def _set_checks_enabled(enabled: bool) -> None:
-    global _pool_checks, _plain
-    _pool_checks = enabled
-    _plain = not (_pool_checks or _multi_device)
+_flags = FLAGS  # the switches every replay reads (cugraphrt._flags)
 
 
 def _note_devices() -> None:
     """After a capture: note whether this process sees several devices."""
-    global _multi_device, _plain
-    if not _multi_device and _cuda.device_count() > 1:
-        _multi_device = True
-        _plain = False
-
-
-_pool_module._check_listeners.append(_set_checks_enabled)
+    if not _flags.multi_device and _cuda.device_count() > 1:
+        _flags.set(multi_device=True)
 
 
 class Graph:
@@ -270,13 +253,13 @@ class Graph:
             device.
         """
         try:
-            if _plain:  # one device, no pool checks: nothing to decide
+            if _flags.plain:  # one device, no pool checks: nothing to decide
                 # The one device is the graph's. Naming it spares the cudaGetDevice that
                 # CuPy's lookup of the current device's stream makes (docs/performance.md).
                 _launch(self._exec,
                         (_current_stream(self._device) if stream is None else stream).ptr)
                 return
-            if not _pool_checks:  # several devices: launch here only on the graph's own
+            if not _flags.pool_checks:  # several devices: launch here only on the graph's own
                 # One device query, then CuPy's current stream of the graph's device by
                 # number (docs/performance.md, "What remains on the replay path").
                 if stream is None:
@@ -307,7 +290,7 @@ class Graph:
         """Launch this Graph's executable with every check, whatever the route."""
         exec_handle = self._ready_exec("replay()")
         device = self._device
-        if _multi_device and _cuda.current_device() != device:
+        if _flags.multi_device and _cuda.current_device() != device:
             with _on_device(device):
                 self._launch_checked(exec_handle, stream, device)
         else:
@@ -316,7 +299,7 @@ class Graph:
     def _launch_checked(self, exec_handle: int, stream, device: int) -> None:
         ptr = stream_ptr(stream, device)
         try:
-            if not _pool_checks:
+            if not _flags.pool_checks:
                 _launch(exec_handle, ptr)
                 return
             handles = self._handles
@@ -432,6 +415,11 @@ class Graph:
         self._captured = False
         self._set_route(None)  # the executable is gone: _exec becomes None too
         self._pool = None
+
+    @property
+    def keep_graph(self) -> bool:
+        """Whether the graph definition is kept after capture (``Graph(keep_graph=True)``)."""
+        return self._keep_graph
 
     @property
     def device_id(self) -> int | None:

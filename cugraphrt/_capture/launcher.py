@@ -21,6 +21,7 @@ import cupy
 
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.devices import stream_ptr
+from cugraphrt._flags import FLAGS
 from cugraphrt._memory import pool as _pool_module
 from cugraphrt.errors import ReplayError
 
@@ -142,7 +143,7 @@ def for_graph(graph: Any, stream: object) -> Launcher:
 
 def _target(graph: Any, stream: object, ptr: int) -> tuple[Any, ...]:
     """The launcher's function and arguments: the launch itself, or the checked replay."""
-    if _pool_module.pool_checks_enabled():
+    if FLAGS.pool_checks:
         return graph._replay_checked, stream
     return _cuda.graph_launch, graph._exec, ptr
 

@@ -23,7 +23,6 @@ Rules, in short:
 from __future__ import annotations
 
 import itertools
-import os
 import threading
 import weakref
 from collections.abc import Hashable
@@ -33,6 +32,7 @@ from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
 from cugraphrt._cuda.devices import resolve_device
+from cugraphrt._flags import FLAGS
 from cugraphrt._memory.backing import (
     BackingOutOfMemoryError,
     CudaBackingAllocator,
@@ -402,11 +402,6 @@ def empty_cache() -> int:
     return sum(pool.empty_cache() for pool in list(_all_pools))
 
 
-_checks_enabled = os.environ.get("CUGRAPHRT_POOL_CHECKS", "").strip().lower() in (
-    "1", "true", "yes", "on",
-)
-
-
 def set_pool_checks(enabled: bool) -> None:
     """Turn the replay-order safety mode on or off.
 
@@ -421,17 +416,16 @@ def set_pool_checks(enabled: bool) -> None:
     ----------
     enabled : bool
     """
-    global _checks_enabled
-    _checks_enabled = bool(enabled)
+    FLAGS.set(pool_checks=enabled)
     for listener in _check_listeners:
-        listener(_checks_enabled)
+        listener(FLAGS.pool_checks)
 
 
-# Modules whose hot paths keep their own copy of the flag (a module global is the cheapest
-# test on a replay); they register a setter here.
+# What must follow the switch beyond the replay paths, which read FLAGS: the launchers
+# handed out, which bound their target when made (cugraphrt._capture.launcher).
 _check_listeners: list = []
 
 
 def pool_checks_enabled() -> bool:
     """Whether the replay-order safety mode is on."""
-    return _checks_enabled
+    return FLAGS.pool_checks

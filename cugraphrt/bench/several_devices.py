@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from cugraphrt._capture import graphs
+from cugraphrt._flags import FLAGS
 
 __all__ = ["several_devices_path"]
 
@@ -27,14 +27,10 @@ __all__ = ["several_devices_path"]
 def several_devices_path() -> Iterator[None]:
     """Replays inside take the several-device path; the flag comes back on exit.
 
-    Only ``_multi_device`` is set here: ``_plain`` follows from it and the pool checks by
-    the rule graphs keeps in ``_set_checks_enabled``.
     """
-    saved = graphs._multi_device
-    graphs._multi_device = True
-    graphs._set_checks_enabled(graphs._pool_checks)
+    saved = FLAGS.multi_device
+    FLAGS.set(multi_device=True)
     try:
         yield
     finally:
-        graphs._multi_device = saved
-        graphs._set_checks_enabled(graphs._pool_checks)
+        FLAGS.set(multi_device=saved)

@@ -19,6 +19,7 @@ from cugraphrt_torch import _errors, capture, cuda_graph  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import CaptureError, OptionsError, PoolOutOfMemoryError, ReplayError  # noqa: E402
+from cugraphrt import adapter as core  # noqa: E402
 
 # torch 2.11's signatures (2.13 adds check_input_liveness / enable_annotations, which torch
 # 2.11 code cannot pass).
@@ -127,7 +128,12 @@ def _adopted(graph_class, keep_graph: bool, exec_handle: int):
 
     g._captured, g._device = True, 0  # what Graph._end leaves after a successful capture
     replay = FakeReplay()
-    g._adopt(object(), 0x400, exec_handle, replay=replay, instantiate=instantiate)
+    # What the adapter's capture does at its end (cugraphrt_torch.capture._Session.end).
+    adopted = getattr(g, "_adopted", None)
+    core.adopt(g, object(), 0x400, exec_handle, route=replay if adopted is None else None,
+               instantiate=instantiate)
+    if adopted is not None:
+        adopted(replay, exec_handle)
     return g, replay, made
 
 
@@ -192,7 +198,7 @@ def test_plain_graph_with_keep_graph_instantiates_a_torch_capture():
 def test_adopted_graph_without_an_instantiate_hook_stays_refused():
     g = cugraphrt.Graph(keep_graph=True)
     g._captured, g._device = True, 0
-    g._adopt(object(), 0x400, 0x500)
+    core.adopt(g, object(), 0x400, 0x500)
     with pytest.raises(CaptureError, match="belongs to an adapter"):
         g.instantiate()
 

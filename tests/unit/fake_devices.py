@@ -20,6 +20,7 @@ from cugraphrt._capture import launcher as launcher_module
 from cugraphrt._capture.graph_handles import GraphHandles
 from cugraphrt._cuda import devices
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._flags import FLAGS
 
 
 class Stream:
@@ -67,8 +68,8 @@ class FakeDevices:
         patch(_cuda, "graph_launch", self.launch)  # what a launcher binds
         for module in (graphs, devices, launcher_module):
             patch(module, "_current_stream", self.current_stream)
-        patch(graphs, "_multi_device", False)
-        patch(graphs, "_plain", not graphs._pool_checks)
+        patch(FLAGS, "multi_device", False)
+        patch(FLAGS, "plain", not FLAGS.pool_checks)
         graphs._note_devices()
 
     # The C functions faked; call_profile counts each call as one C call.

@@ -13,6 +13,7 @@ from cugraphrt import MemPool, OptionsError, ReplayError
 from cugraphrt._capture import graphs
 from cugraphrt._cuda import devices
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._flags import FLAGS
 
 from .fake_devices import FakeDevices, Stream
 from .fakes import FakeBackingAllocator
@@ -106,7 +107,7 @@ def fake_graph(monkeypatch):
 
 
 def test_a_second_device_is_noted_and_leaves_the_pool_checks_off(fake_graph):
-    assert graphs._multi_device and not graphs._pool_checks
+    assert FLAGS.multi_device and not FLAGS.pool_checks
 
 
 def test_replay_under_another_device_launches_on_the_graphs_device(fake_graph):
@@ -140,7 +141,7 @@ def test_replay_stream_check_reads_torch_streams_too():
 
 def test_single_device_replay_takes_the_fast_path(monkeypatch):
     fake = FakeDevices(monkeypatch, count=1)
-    assert not graphs._multi_device
+    assert not FLAGS.multi_device
     g = fake.graph(device=0, exec_handle=0xE1)
     # One device: the replay names it in CuPy's stream lookup, which then asks CUDA nothing;
     # even the null stream needs no device query.

@@ -17,6 +17,7 @@ from cugraphrt import (
 )
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._flags import FLAGS
 from cugraphrt.options import (
     CaptureOptions,
     GeneratorState,
@@ -151,14 +152,11 @@ def test_public_namespace():
 
 
 def test_pool_checks_switch_reaches_the_replay_path(monkeypatch):
-    from cugraphrt._capture import graphs
-    from cugraphrt._memory import pool
-
-    monkeypatch.setattr(pool, "_checks_enabled", False)
+    monkeypatch.setattr(FLAGS, "pool_checks", False)
     try:
         cugraphrt.set_pool_checks(True)
-        assert cugraphrt.pool_checks_enabled() and graphs._pool_checks
+        assert cugraphrt.pool_checks_enabled() and FLAGS.pool_checks
         cugraphrt.set_pool_checks(False)
-        assert not cugraphrt.pool_checks_enabled() and not graphs._pool_checks
+        assert not cugraphrt.pool_checks_enabled() and not FLAGS.pool_checks
     finally:
         cugraphrt.set_pool_checks(False)

@@ -9,6 +9,7 @@ import pytest
 import cugraphrt
 from cugraphrt import PoolOrderError, ReplayError
 from cugraphrt._capture import graphs
+from cugraphrt._flags import FLAGS
 from cugraphrt._memory.replay_order import ReplayOrder
 
 from .fake_devices import FakeDevices, Stream, call_profile
@@ -138,11 +139,11 @@ def test_the_bench_runs_the_several_device_path_in_a_one_device_process(monkeypa
     assert profile.frames == FAST
     assert profile.c_calls == ["cudaGetDevice", "get_current_stream", "cudaGraphLaunch"]
     assert fake.launches == [(0xE0, 0x100, 0)]
-    assert graphs._plain and not graphs._multi_device  # the one-device path is back
+    assert FLAGS.plain and not FLAGS.multi_device  # the one-device path is back
     assert call_profile(g.replay).c_calls == ["get_current_stream", "cudaGraphLaunch"]
     with pytest.raises(KeyError), several_devices_path():
         raise KeyError("a failed batch")
-    assert graphs._plain and not graphs._multi_device
+    assert FLAGS.plain and not FLAGS.multi_device
 
 
 def test_the_several_device_path_still_switches_to_the_graphs_device(monkeypatch):
@@ -153,4 +154,4 @@ def test_the_several_device_path_still_switches_to_the_graphs_device(monkeypatch
     with several_devices_path():
         g.replay()
     assert fake.launches == [(0xE1, 0x101, 1)] and fake.current == 0
-    assert graphs._multi_device and not graphs._plain
+    assert FLAGS.multi_device and not FLAGS.plain

@@ -1,0 +1,93 @@
+"""CuPy's implementation of :class:`cugraphrt.adapter.Framework`.
+
+The core's own front end (:func:`cugraphrt.make_graphed`, its shape buckets) runs on it, as
+``cugraphrt_torch`` runs on its torch implementation.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any
+
+import cupy
+
+from cugraphrt._callables.checked_views import CupyViews
+from cugraphrt._capture.graph_context import graph
+
+__all__ = ["CUPY", "CupyFramework"]
+
+_ndarray = cupy.ndarray
+_copyto = cupy.copyto
+_current_stream = cupy.cuda.get_current_stream
+
+
+class CupyFramework(CupyViews):
+    """CuPy arrays, CuPy's current stream, the core's own capture (:func:`cugraphrt.graph`).
+
+    The overwritten-output operations are :class:`~cugraphrt._callables.checked_views.
+    CupyViews`'.
+    """
+
+    name = "cupy"
+    array_type = _ndarray
+
+    @staticmethod
+    def signature(array: cupy.ndarray) -> tuple:
+        if type(array) is not _ndarray:
+            raise TypeError("not a cupy.ndarray")
+        return array.shape, array.dtype, array.data.device_id
+
+    @staticmethod
+    def same_memory(value: cupy.ndarray, static: cupy.ndarray) -> bool:
+        return bool(value.data.ptr == static.data.ptr and value._c_contiguous
+                    and static._c_contiguous)
+
+    @staticmethod
+    def copy(dst: cupy.ndarray, src: cupy.ndarray) -> None:
+        if dst._c_contiguous and src._c_contiguous:
+            dst.data.copy_from_device_async(src.data, src.nbytes)  # one memcpy, no kernel
+        else:
+            _copyto(dst, src)
+
+    @staticmethod
+    def fill(rows: cupy.ndarray, value: float) -> None:
+        if value == 0 and rows._c_contiguous:
+            rows.data.memset_async(0, rows.nbytes)  # no kernel launch
+        else:
+            rows.fill(value)
+
+    @staticmethod
+    def empty(like: cupy.ndarray, shape: tuple[int, ...]) -> cupy.ndarray:
+        return cupy.empty(shape, dtype=like.dtype)
+
+    @staticmethod
+    def clone(array: cupy.ndarray) -> cupy.ndarray:
+        return array.copy()
+
+    @staticmethod
+    def is_contiguous(array: cupy.ndarray) -> bool:
+        return bool(array._c_contiguous)
+
+    @staticmethod
+    def describe(value: Any) -> str:
+        if isinstance(value, _ndarray):
+            return f"shape {value.shape} {value.dtype} on device {value.data.device_id}"
+        if hasattr(value, "shape") and hasattr(value, "dtype"):
+            return f"{type(value).__module__}.{type(value).__name__} of shape {value.shape}"
+        return f"{type(value).__name__} {value!r}"
+
+    @staticmethod
+    def current_stream(device: int) -> int:
+        return int(_current_stream(device).ptr)
+
+    @staticmethod
+    def use_stream(ptr: int, device: int) -> AbstractContextManager[Any]:
+        return cupy.cuda.ExternalStream(ptr, device)
+
+    @staticmethod
+    def capture(cuda_graph: Any, pool: Any = None) -> AbstractContextManager[Any]:
+        return graph(cuda_graph, pool=pool)
+
+
+#: The one instance.
+CUPY = CupyFramework()

@@ -1,0 +1,93 @@
+"""What a framework provides to the core: the :class:`Framework` interface.
+
+cugraphrt captures and replays CUDA graphs; a *framework* (CuPy, PyTorch, a framework of
+your own over DLPack) owns the arrays, streams and allocator the captured work runs with.
+An adapter implements this interface once, in one module (CuPy's is
+:mod:`cugraphrt._callables.cupy_framework`, torch's ``cugraphrt_torch.framework``), and
+every graphed callable (the call path, shape buckets, the overwritten-output check) runs on
+it. ``docs/adapters.md`` walks through an implementation.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+__all__ = ["Framework"]
+
+
+class Framework(Protocol):
+    """One framework's arrays, outputs, streams and capture, as the core uses them.
+
+    Arrays (the call path's copy-in, shape buckets)
+        ``array_type``, ``signature``, ``same_memory``, ``copy``, ``fill``, ``empty``,
+        ``clone``, ``is_contiguous``, ``describe``.
+    Outputs (the overwritten-output check)
+        ``hand_out``, ``expire``, ``message``
+        (:class:`cugraphrt.adapter.OutputOps`).
+    Streams
+        ``current_stream``, ``use_stream``.
+    Capture and allocation
+        ``capture``: the block that captures the framework's work into a
+        :class:`cugraphrt.Graph`, with its allocations served by a cugraphrt pool (for
+        torch, through its allocator hooks; see :func:`cugraphrt.adapter.begin_capture`).
+    """
+
+    name: str
+
+    # -- arrays ------------------------------------------------------------------------------
+
+    @property
+    def array_type(self) -> type[Any]:
+        """The framework's array class."""
+
+    def signature(self, array: Any) -> Any:
+        """What must equal the capture's for an argument to be copied in: shape, dtype,
+        device (anything comparable). May raise AttributeError or TypeError for a value that
+        is no array."""
+
+    def same_memory(self, value: Any, static: Any) -> bool:
+        """Whether ``value`` already is ``static``'s memory, laid out alike (no copy)."""
+
+    def copy(self, dst: Any, src: Any) -> None:
+        """Copy ``src`` into ``dst`` on the current stream (they may overlap)."""
+
+    def fill(self, rows: Any, value: float) -> None:
+        """Fill ``rows`` with ``value`` on the current stream."""
+
+    def empty(self, like: Any, shape: tuple[int, ...]) -> Any:
+        """A new array of ``shape`` with ``like``'s dtype and device."""
+
+    def clone(self, array: Any) -> Any:
+        """A copy of ``array`` in new memory."""
+
+    def is_contiguous(self, array: Any) -> bool:
+        """Whether ``array`` is C-contiguous."""
+
+    def describe(self, value: Any) -> str:
+        """``value`` for an error message (``"shape (4, 8) float32 on device 0"``)."""
+
+    # -- outputs -----------------------------------------------------------------------------
+
+    def hand_out(self, static: Any) -> tuple[Any, Any]:
+        """A fresh alias of a static output and a weak handle to what holds its memory."""
+
+    def expire(self, held: Any, message: str, arguments: Any) -> None:
+        """React to a live output a replay is about to overwrite: mark it, or raise."""
+
+    def message(self, what: str, fix: str) -> str:
+        """The error text for an overwritten output."""
+
+    # -- streams -----------------------------------------------------------------------------
+
+    def current_stream(self, device: int) -> int:
+        """The raw handle of the framework's current stream on ``device``."""
+
+    def use_stream(self, ptr: int, device: int) -> AbstractContextManager[Any]:
+        """Make the stream ``ptr`` of ``device`` the framework's current stream."""
+
+    # -- capture -----------------------------------------------------------------------------
+
+    def capture(self, cuda_graph: Any, pool: Any = None) -> AbstractContextManager[Any]:
+        """Capture the block's work (the framework's, and CuPy's on the same stream) into
+        ``cuda_graph``, allocating from ``pool``."""
