@@ -48,6 +48,7 @@ from cugraphrt._capture.graphs import Graph
 from cugraphrt._capture.graphs import _resolve_pool as resolve_pool
 from cugraphrt._capture.stream_capture import Capture
 from cugraphrt._control import loops as _loops
+from cugraphrt._control.loops import Frontend as ControlFrontend
 from cugraphrt._cuda import runtime as _runtime
 from cugraphrt._cuda.devices import check_capture_stream, check_replay_stream, stream_ptr
 from cugraphrt._flags import FLAGS, ReplayFlags
@@ -79,7 +80,7 @@ __all__ = [
     "graph_handles", "route_of", "ready_exec", "resolve_pool", "allocate", "capture_activity",
     "check_replay", "note_replay", "FLAGS", "ReplayFlags",
     # streams, devices, options
-    "check_capture_stream", "check_replay_stream", "stream_ptr", "Frozen",
+    "check_capture_stream", "check_replay_stream", "stream_ptr", "Frozen", "ControlFrontend",
     # namespaces
     "cuda", "diagnose", "control", "collectives", "tree",
 ]
@@ -183,11 +184,11 @@ diagnose = SimpleNamespace(
     where_in_user_code=_diagnose.where_in_user_code,
 )
 
-#: Building device-side loops and branches for a framework: ``Frontend`` (what it says about
-#: its values), ``check_loop_args``, ``check_branch_args``, ``active_capture``,
+#: Building device-side loops and branches for a framework (with :class:`ControlFrontend`):
+#: ``check_loop_args``, ``check_branch_args``, ``active_capture``,
 #: ``run_eagerly``, ``capture_while``, ``capture_cond``.
 control = SimpleNamespace(
-    Frontend=_loops.Frontend, check_loop_args=_loops.check_loop_args,
+    check_loop_args=_loops.check_loop_args,
     check_branch_args=_loops.check_branch_args, active_capture=_loops.active_capture,
     run_eagerly=_loops.run_eagerly, capture_while=_loops.capture_while,
     capture_cond=_loops.capture_cond,

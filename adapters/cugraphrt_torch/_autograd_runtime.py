@@ -21,7 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from cugraphrt import adapter as core
-from cugraphrt.adapter import OutputCheck
+from cugraphrt.adapter import CallPath, OutputCheck
 from cugraphrt.errors import ReplayError
 
 from ._autograd_guard import AliasGuard, GradBuffers
@@ -94,12 +94,9 @@ class GraphedCallable:
         self._params = tuple(params)
         self._grad_indices = args.grad_indices
         self._autocast = autocast
-        self._gen = 0  # forward replays so far; a backward must belong to the latest
-        self._check = check if outputs.statics else None
-        if self._check is not None:
-            self._check.names = [outputs.paths[p] for p in outputs.positions]
-        self._check_one = outputs.is_single
-        self._which = tuple(range(len(outputs.statics)))
+        check = check if outputs.statics else None
+        if check is not None:
+            check.names = [outputs.paths[p] for p in outputs.positions]
         self._grad_outs = tuple(
             (k, buf, buf.data_ptr(), buf.stride())
             for k, buf in zip(outputs.diff, static_grad_outputs, strict=False))
@@ -119,6 +116,17 @@ class GraphedCallable:
         self._keep_leaves = any(a is not None for a in self._slot_args)
         self._lazy_grads = len(outputs.statics) > 1 or bool(outputs.nondiff)
         self._nondiff = outputs.nondiff
+        # The core's call path (cugraphrt.adapter.CallPath), forward and backward: copy in,
+        # settle the pool's order, replay on torch's current stream, hand out. Its steps
+        # reach none of this object (the Function reaches it weakly, see _function_for).
+        self._steps = _ForwardSteps(name, args, outputs, autocast, check, forward_seq)
+        self._forward = CallPath(self._steps.load, guard, forward_seq, self._fwd_replay,
+                                 self._steps.hand_out)
+        self._backward_path = None
+        if self._bwd_replay is not None:
+            back = _BackwardSteps(self)
+            self._backward_path = CallPath(back.load, guard, backward_seq, self._bwd_replay,
+                                           back.hand_out)
         function = _function_for(self)
         self._slow_apply = function.apply
         self._apply = _c_apply.__get__(None, function) if _c_apply is not None else function.apply
@@ -148,70 +156,16 @@ class GraphedCallable:
             out = self._forward(leaves)
         return out if self._direct else self._outputs.assemble(out)
 
-    def _forward(self, leaves) -> Any:
-        self._args.load(leaves)
-        if self._autocast[0] or _any_autocast():
-            self._check_autocast()
-        # After the copies: an argument may be an output this replay overwrites (x = f(x)).
-        guard = self._guard
-        if guard.max_seq >= self._fwd_seq:
-            guard.settle(self._fwd_seq)
-        self._gen += 1
-        self._fwd_replay()
-        check = self._check
-        if check is None:
-            return self._outputs.hand_out()
-        if self._check_one:
-            return check.hand_out_one(self._fwd_seq, self._outputs.statics[0])
-        return tuple(check.hand_out(self._fwd_seq, self._outputs.statics, self._which))
-
     def _backward(self, ctx, grads: tuple) -> tuple:
-        if ctx.gen != self._gen:
-            raise ReplayError(
-                f"backward of graphed callable {self.name} for its call #{ctx.gen}, but its "
-                f"forward graph has been replayed since (got call #{self._gen} as the latest); "
-                f"the graph keeps the activations of the latest call only: run each call's "
-                f"backward before calling the callable again, or graph one copy per use"
-            )
-        guard = self._guard
-        if guard.max_seq >= self._bwd_seq:
-            guard.settle(self._bwd_seq)
-        for k, static, ptr, stride in self._grad_outs:
-            grad = grads[k]
-            if grad is None:  # an output nothing used: its gradient is zero
-                static.zero_()
-            elif grad.data_ptr() != ptr:
-                static.copy_(grad)
-            elif grad.stride() != stride:  # the buffer itself, laid out differently
-                static.copy_(grad.clone())
         # backward runs only for a callable with a backward graph (see __call__)
-        replay = self._bwd_replay
-        assert replay is not None  # an internal invariant: a bytecode test, no call
-        replay()
-        result = [None] * self._n_result
-        handed = self._grads.hand_out(result)
-        leaves = self._leaf_refs(ctx.leaves) if self._keep_leaves else ()
-        guard.record(self._bwd_seq, self._grads.watch, handed, leaves)
-        return tuple(result)
+        path = self._backward_path
+        assert path is not None  # an internal invariant: a bytecode test, no call
+        return path((ctx, grads))
 
-    def _leaf_refs(self, leaves) -> tuple:
-        # The leaf argument tensors gradients went to: their .grad may adopt the gradient.
-        refs = []
-        for index in self._slot_args:
-            value = None if index is None else leaves[index]
-            leaf = isinstance(value, _Tensor) and value.is_leaf
-            refs.append(_ref(value) if leaf else None)
-        return tuple(refs)
-
-    def _check_autocast(self) -> None:
-        now = autocast_state()
-        if now != self._autocast:
-            raise ReplayError(
-                f"graphed callable {self.name} was captured with CUDA autocast "
-                f"{_autocast_text(self._autocast)} (got a call with autocast "
-                f"{_autocast_text(now)}); the casts are part of the graph: call it under the "
-                f"autocast state of the capture, or graph it again"
-            )
+    @property
+    def _gen(self) -> int:
+        """Forward replays so far; a backward must belong to the latest."""
+        return self._steps.gen
 
     # -- introspection ---------------------------------------------------------------------
 
@@ -236,6 +190,104 @@ class GraphedCallable:
     def __repr__(self) -> str:
         kind = "forward+backward" if self.backward_graph is not None else "forward"
         return f"<cugraphrt_torch graphed {self.name} ({kind}, {len(self._args.tensors)} inputs)>"
+
+
+class _ForwardSteps:
+    """The forward's load and hand-out steps: copy the arguments in (converting floating
+    dtypes, as torch does), check autocast, count the call; hand out fresh tensors."""
+
+    __slots__ = ("name", "args", "outputs", "autocast", "check", "seq", "gen")
+
+    def __init__(self, name: str, args: ArgPlan, outputs: OutputPlan, autocast: tuple,
+                 check: OutputCheck | None, seq: int) -> None:
+        self.name = name
+        self.args = args
+        self.outputs = outputs
+        self.autocast = autocast
+        self.check = check
+        self.seq = seq
+        self.gen = 0
+
+    def load(self, leaves) -> None:
+        self.args.load(leaves)
+        if self.autocast[0] or _any_autocast():
+            self._check_autocast()
+        self.gen += 1
+
+    def hand_out(self, _token: None) -> Any:
+        check = self.check
+        outputs = self.outputs
+        if check is None:
+            return outputs.hand_out()
+        if outputs.is_single:
+            return check.hand_out_one(self.seq, outputs.statics[0])
+        return tuple(check.hand_out(self.seq, outputs.statics, range(len(outputs.statics))))
+
+    def _check_autocast(self) -> None:
+        now = autocast_state()
+        if now != self.autocast:
+            raise ReplayError(
+                f"graphed callable {self.name} was captured with CUDA autocast "
+                f"{_autocast_text(self.autocast)} (got a call with autocast "
+                f"{_autocast_text(now)}); the casts are part of the graph: call it under the "
+                f"autocast state of the capture, or graph it again"
+            )
+
+
+class _BackwardSteps:
+    """The backward's load and hand-out steps, on ``(ctx, grads)``: check that the call is
+    the latest forward's, copy the incoming gradients in; hand the gradients out (guarded
+    against the next overwrite, see _autograd_guard)."""
+
+    __slots__ = ("name", "forward", "grad_outs", "n_result", "grads", "guard", "seq",
+                 "keep_leaves", "slot_args")
+
+    def __init__(self, rt: GraphedCallable) -> None:
+        self.name = rt.name
+        self.forward = rt._steps
+        self.grad_outs = rt._grad_outs
+        self.n_result = rt._n_result
+        self.grads = rt._grads
+        self.guard = rt._guard
+        self.seq = rt._bwd_seq
+        self.keep_leaves = rt._keep_leaves
+        self.slot_args = rt._slot_args
+
+    def load(self, call: tuple) -> Any:
+        ctx, grads = call
+        gen = self.forward.gen
+        if ctx.gen != gen:
+            raise ReplayError(
+                f"backward of graphed callable {self.name} for its call #{ctx.gen}, but its "
+                f"forward graph has been replayed since (got call #{gen} as the latest); "
+                f"the graph keeps the activations of the latest call only: run each call's "
+                f"backward before calling the callable again, or graph one copy per use"
+            )
+        for k, static, ptr, stride in self.grad_outs:
+            grad = grads[k]
+            if grad is None:  # an output nothing used: its gradient is zero
+                static.zero_()
+            elif grad.data_ptr() != ptr:
+                static.copy_(grad)
+            elif grad.stride() != stride:  # the buffer itself, laid out differently
+                static.copy_(grad.clone())
+        return ctx
+
+    def hand_out(self, ctx) -> tuple:
+        result = [None] * self.n_result
+        handed = self.grads.hand_out(result)
+        leaves = self._leaf_refs(ctx.leaves) if self.keep_leaves else ()
+        self.guard.record(self.seq, self.grads.watch, handed, leaves)
+        return tuple(result)
+
+    def _leaf_refs(self, leaves) -> tuple:
+        # The leaf argument tensors gradients went to: their .grad may adopt the gradient.
+        refs = []
+        for index in self.slot_args:
+            value = None if index is None else leaves[index]
+            leaf = isinstance(value, _Tensor) and value.is_leaf
+            refs.append(_ref(value) if leaf else None)
+        return tuple(refs)
 
 
 def _replayer(cuda_graph) -> Callable[[], None]:

@@ -26,12 +26,13 @@ from dataclasses import dataclass
 import torch
 
 from cugraphrt import Graph, MemPool
-from cugraphrt.adapter import FLAGS, OutputCheck, OverwriteOrder, order_for
+from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 
 from ._output_check import FIX_COMPILE, checkable, make_check
 from ._piece_buckets import PieceBuckets, static_addresses
 from .capture import graph as _capture
+from .framework import TORCH
 
 __all__ = ["Piece", "PieceReport", "PieceSettings", "live_pieces", "shared_pool"]
 
@@ -105,24 +106,47 @@ class PieceReport:
 
 
 class _Recording:
-    """One capture of a piece: the graph, the buffers it reads and the outputs it writes."""
+    """One capture of a piece: the graph, its call path, the static inputs' addresses."""
 
-    __slots__ = ("graph", "replay", "static_ptrs", "buffers", "copy_from", "write_back",
-                 "outputs", "clone", "seq", "checked")
+    __slots__ = ("graph", "path", "static_ptrs", "copy_from", "outputs")
 
-    def __init__(self, cuda_graph: Graph, replay, static_ptrs: list, buffers: list,
-                 copy_from: list[int], write_back: list, outputs: list, clone: list,
-                 seq: int = 0, checked: tuple[int, ...] = ()) -> None:
+    def __init__(self, cuda_graph: Graph, path: CallPath, static_ptrs: list,
+                 copy_from: list[int], outputs: list) -> None:
         self.graph = cuda_graph
-        self.replay = replay
+        self.path = path
         self.static_ptrs = static_ptrs
+        self.copy_from = copy_from
+        self.outputs = outputs  # what the graph writes
+
+
+class _CopyIn:
+    """A piece's load step: the copied inputs into its buffers, in one foreach copy."""
+
+    __slots__ = ("buffers", "copy_from")
+
+    def __init__(self, buffers: list, copy_from: list[int]) -> None:
         self.buffers = buffers
         self.copy_from = copy_from
+
+    def __call__(self, args: list) -> list:
+        if self.copy_from:
+            _foreach_copy(self.buffers, [args[i] for i in self.copy_from])
+        return args  # the hand-out step writes mutated inputs back
+
+
+class _HandOut:
+    """A piece's hand-out step: mutated copied inputs written back, then the outputs."""
+
+    __slots__ = ("write_back", "outputs")
+
+    def __init__(self, write_back: list, outputs: HandOut) -> None:
         self.write_back = write_back
         self.outputs = outputs
-        self.clone = clone
-        self.seq = seq  # capture order in the pool (cugraphrt.adapter.OverwriteOrder)
-        self.checked = checked  # the outputs handed out as checked aliases
+
+    def __call__(self, args: list) -> list:
+        for index, buffer in self.write_back:
+            args[index].copy_(buffer)
+        return self.outputs()
 
 
 class Piece:
@@ -173,30 +197,8 @@ class Piece:
             return self._first_calls(key, args)
         if self._static and not _same_ptrs(args, rec.static_ptrs, self._static):
             return self._moved(key, rec, args)
-        if rec.copy_from:
-            _foreach_copy(rec.buffers, [args[i] for i in rec.copy_from])
-        order = self._order  # after the copies: an argument may be a previous output
-        if order.max_seq >= rec.seq:
-            order.settle(rec.seq)
-        replay = rec.replay
-        if FLAGS.pool_checks:
-            replay.on_torch_stream()
-        else:
-            replay._replay()
-        return self._results(rec, args)
-
-    def _results(self, rec: _Recording, args: list) -> list:
-        """After a replay: write mutated copied inputs back, hand out the outputs."""
         self._replays += 1
-        for index, buffer in rec.write_back:
-            args[index].copy_(buffer)
-        if self._settings.copy_outputs:
-            return [out.clone() if clone else out
-                    for out, clone in zip(rec.outputs, rec.clone, strict=True)]
-        check = self._check
-        if check is not None and rec.checked:
-            return check.hand_out(rec.seq, rec.outputs, rec.checked)
-        return list(rec.outputs)
+        return rec.path(args)  # the core's call path: copy in, settle, replay, hand out
 
     def _key(self, args: list) -> tuple:
         # Dynamic graphs take their symbolic sizes as int inputs; copied tensors' shapes are
@@ -312,10 +314,8 @@ class Piece:
                           stacklevel=4)
             return self._eager(args)
         self._recordings[key] = rec
-        if self._order.max_seq >= rec.seq:
-            self._order.settle(rec.seq)
-        rec.replay.on_torch_stream()  # a capture records work without running it
-        return self._results(rec, args)
+        self._replays += 1
+        return rec.path(args)  # a capture records work without running it: replay now
 
     def _capture(self, args: list) -> _Recording:
         static = set(self._static)
@@ -355,10 +355,18 @@ class Piece:
         if self._check is None and not self._settings.copy_outputs:
             self._check = make_check(self._settings.check_outputs,
                                      f"torch.compile piece '{self.name}'", FIX_COMPILE, order)
-        checked = tuple(i for i, c in enumerate(clone) if c and checkable(outputs[i])) \
-            if self._check is not None else ()
-        return _Recording(cuda_graph, context._replay, static_ptrs, buffers, copy_from,
-                          write_back, outputs, clone, seq, checked)
+        copy = self._settings.copy_outputs
+        if copy:  # clones of what lives in the pool; outputs viewing an input pass through
+            which = [i for i, c in enumerate(clone) if c]
+        else:
+            which = [i for i, c in enumerate(clone) if c and checkable(outputs[i])]
+        replay = context._replay
+        assert replay is not None  # set by a successful capture
+        hand_out = HandOut(outputs, TORCH, copy=copy, check=self._check, seq=seq, which=which,
+                           as_list=True)
+        path = CallPath(_CopyIn(buffers, copy_from), order, seq, replay.on_torch_stream,
+                        _HandOut(write_back, hand_out))
+        return _Recording(cuda_graph, path, static_ptrs, copy_from, outputs)
 
     # -- report --------------------------------------------------------------------------
     def report(self) -> PieceReport:

@@ -30,8 +30,8 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import Bucketed, CapturedBucket, order_for
 
 from ._output_check import FIX_COMPILE, make_check
-from .bucketed import _TorchOps
 from .capture import graph as _capture
+from .framework import TORCH
 
 __all__ = ["BucketPlan", "PieceBuckets", "plan_buckets"]
 
@@ -250,7 +250,7 @@ class PieceBuckets:
                               FIX_COMPILE, order_for(pool))
 
         self._core = Bucketed(
-            ops=_TorchOps(), sample_args=tuple(args[i] for i in self.plan.copied),
+            ops=TORCH, sample_args=tuple(args[i] for i in self.plan.copied),
             buckets=self.buckets, dynamic_dim=list(self.plan.dims), pad=0.0,
             memory_budget=None, strict=self._strict, pool=pool,
             copy_outputs=self._copy_outputs, capture=self._calls.capture,

@@ -21,40 +21,9 @@ from cugraphrt.errors import ReplayError
 
 from ._output_check import FIX_COPY, make_check
 from .capture import graph
+from .framework import TORCH
 
 __all__ = ["BucketedModule"]
-
-
-class _TorchOps:
-    """How the bucket machinery handles torch tensors (all work on torch's current stream)."""
-
-    array_type = torch.Tensor
-
-    @staticmethod
-    def describe(value: Any) -> str:
-        if isinstance(value, torch.Tensor):
-            return f"shape {tuple(value.shape)} {value.dtype} on {value.device}"
-        return f"{type(value).__name__} {value!r}"
-
-    @staticmethod
-    def empty(like: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
-
-    @staticmethod
-    def is_contiguous(array: torch.Tensor) -> bool:
-        return array.is_contiguous()
-
-    @staticmethod
-    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.copy_(src)
-
-    @staticmethod
-    def fill(rows: torch.Tensor, value: float) -> None:
-        rows.fill_(value)
-
-    @staticmethod
-    def clone(array: torch.Tensor) -> torch.Tensor:
-        return array.clone()
 
 
 def _release_torch_cache() -> None:
@@ -118,7 +87,7 @@ class BucketedModule:
 
         with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device):
             self._core = Bucketed(
-                ops=_TorchOps(), sample_args=sample_args, buckets=buckets,
+                ops=TORCH, sample_args=sample_args, buckets=buckets,
                 dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
                 pool=pool, copy_outputs=copy_outputs, capture=capture, eager=eager,
                 name=type(module).__name__, trim=_release_torch_cache,

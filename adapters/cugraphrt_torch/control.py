@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from cugraphrt.adapter import Capture, control
+from cugraphrt.adapter import Capture, ControlFrontend, control
 from cugraphrt.errors import CaptureError
 
 from . import _alloc, _errors, _torch
@@ -85,7 +85,7 @@ def cond(pred: torch.Tensor, true_fn: Callable[[], Any],
     control.capture_cond(capture, _as_cupy(pred, "pred"), true_fn, false_fn, _FRONTEND)
 
 
-class _TorchFrontend(control.Frontend):
+class _TorchFrontend(ControlFrontend):
     name = "cugraphrt_torch"
 
     def enter(self, capture: Capture, stream, body_id: int,

@@ -9,7 +9,15 @@ import cupy
 import torch
 
 from cugraphrt import Graph, MemPool, default_capture_stream
-from cugraphrt.adapter import FLAGS, OutputCheck, OverwriteOrder, order_for
+from cugraphrt.adapter import (
+    CallPath,
+    CopyIn,
+    HandOut,
+    Mismatch,
+    OutputCheck,
+    OverwriteOrder,
+    order_for,
+)
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import MakeGraphedOptions, validate_options
@@ -18,6 +26,7 @@ from . import _torch
 from ._output_check import FIX_COPY, checkable, make_check
 from .bucketed import BucketedModule
 from .capture import graph
+from .framework import TORCH
 
 __all__ = ["graph_module", "GraphedModule"]
 
@@ -197,29 +206,25 @@ class GraphedModule:
         self._capture = capture
         self.static_inputs = static_inputs
         self.static_outputs = outputs
-        self._replay_obj = capture._replay
         self._training = module.training
         self._strict = strict
-        self._copy = copy_outputs
         self._warned: set = set()
-        # Everything the call path compares against, computed once: per input its buffer
-        # (detached: copying into it must not record autograd history), address, shape,
-        # dtype and device index.
-        self._slots = tuple((t.detach(), t.data_ptr(), t.shape, t.dtype, t.get_device())
-                            for t in static_inputs)
         self._num_inputs = len(static_inputs)
-        self._out_leaves, self._out_spec, paths = _tree.flatten(outputs, "output")
-        self._out_is_tensor = isinstance(outputs, _Tensor)
-        # Overwritten outputs (cugraphrt.adapter.OverwriteOrder): the pool's order is settled before
-        # every replay, so outputs of other graphs this one may overwrite get marked too.
-        self._order = order if order is not None else OverwriteOrder()
-        self._seq = seq
-        self._which = tuple(i for i, leaf in enumerate(self._out_leaves) if checkable(leaf)) \
-            if check is not None else ()
-        self._check = check if self._which else None
-        if self._check is not None:
-            self._check.names = paths  # "output", "output[1]", "output['logits']"
-        self._check_one = self._out_is_tensor and self._check is not None
+        # Copying into a static input must not record autograd history: detached buffers.
+        statics = [t.detach() for t in static_inputs]
+        self._statics = statics
+        which = None
+        if check is not None:
+            leaves, _, _ = _tree.flatten(outputs, "output")
+            which = [i for i, leaf in enumerate(leaves) if checkable(leaf)]
+        replay = capture._replay
+        assert replay is not None  # set by a successful capture
+        # The core's call path (cugraphrt.adapter.CallPath): copy in, settle, replay on
+        # torch's current stream, hand out.
+        self._path = CallPath(
+            CopyIn(TORCH, statics, [f"args[{i}]" for i in range(len(statics))]),
+            order if order is not None else OverwriteOrder(), seq, replay.on_torch_stream,
+            HandOut(outputs, TORCH, copy=copy_outputs, check=check, seq=seq, which=which))
 
     @property
     def torch_graph(self):
@@ -230,41 +235,10 @@ class GraphedModule:
             return self._mismatch(("training",), args)
         if len(args) != self._num_inputs:
             return self._mismatch(("count",), args)
-        for (static, ptr, shape, dtype, device), value in zip(self._slots, args, strict=False):
-            try:
-                same = value.data_ptr() == ptr
-                if value.shape != shape or value.dtype is not dtype or value.get_device() != device:
-                    return self._mismatch(("input", static, value), args)
-            except AttributeError:
-                return self._mismatch(("input", static, value), args)
-            if not same:
-                static.copy_(value)
-            elif value.stride() != static.stride():  # a differently laid-out view of it
-                static.copy_(value.clone())
-        order = self._order  # after the copies: an argument may be a previous output
-        if order.max_seq >= self._seq:
-            order.settle(self._seq)
-        replay = self._replay_obj
-        if FLAGS.pool_checks:
-            replay.on_torch_stream()
-        else:
-            replay._replay()
-        if self._copy:
-            return self._copied_outputs()
-        check = self._check
-        if check is not None:
-            if self._check_one:
-                return check.hand_out_one(self._seq, self.static_outputs)
-            return _tree.unflatten(self._out_spec,
-                                   check.hand_out(self._seq, self._out_leaves, self._which))
-        return self.static_outputs
-
-    def _copied_outputs(self):
-        if self._out_is_tensor:
-            return self.static_outputs.clone()
-        leaves, _, _ = _tree.flatten(self.static_outputs)
-        return _tree.unflatten(self._out_spec, [
-            leaf.clone() if isinstance(leaf, _Tensor) else leaf for leaf in leaves])
+        try:
+            return self._path(args)
+        except Mismatch as exc:
+            return self._mismatch(("input", exc.index, exc.value), args)
 
     def _mismatch(self, reason: tuple, args: tuple):
         key, message = self._describe(reason, args)
@@ -287,8 +261,8 @@ class GraphedModule:
         if kind == "count":
             return ("count",), (f"the graph was captured with {self._num_inputs} inputs (got "
                                 f"{len(args)})")
-        _, static, value = reason
-        index = next(i for i, slot in enumerate(self._slots) if slot[0] is static)
+        _, index, value = reason
+        static = self._statics[index]
         if not isinstance(value, _Tensor):
             return ("type", index), (f"argument {index} is not a tensor (expected a tensor "
                                      f"like {_fmt(static)}, got {type(value).__name__})")

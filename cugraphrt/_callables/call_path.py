@@ -63,7 +63,7 @@ class CallPath:
 
     __slots__ = ("load", "order", "seq", "replay", "hand_out")
 
-    def __init__(self, load: Callable[[Sequence[Any]], Any], order: OverwriteOrder, seq: int,
+    def __init__(self, load: Callable[[Any], Any], order: OverwriteOrder, seq: int,
                  replay: Callable[[], object], hand_out: Callable[[Any], Any]) -> None:
         self.load = load
         self.order = order
@@ -83,12 +83,16 @@ class CallPath:
 class CopyIn:
     """The usual ``load`` step: each array leaf copied into its static input.
 
+    Per argument it pays one ``signature`` (shape, dtype, device), one ``address`` and, for
+    a new array, one ``copy``: both lookups are C-level callables in CuPy's and torch's
+    frameworks (``operator.attrgetter``, a method descriptor), so no Python frame runs per
+    argument but the copy's.
+
     Parameters
     ----------
     framework : cugraphrt.adapter.Framework
-        Supplies ``signature`` (what must equal the capture's: shape, dtype, device...),
-        ``same_memory`` (the argument already is the static input's memory, laid out alike)
-        and ``copy``.
+        Supplies ``array_type``, ``signature``, ``address``, ``same_layout``, ``copy`` and
+        ``clone``.
     leaves : sequence
         The static inputs as captured, one per argument leaf; leaves that are not arrays of
         the framework are constants and must be passed equal.
@@ -96,39 +100,45 @@ class CopyIn:
         Each leaf's place (``"args[1]"``), for messages.
     """
 
-    __slots__ = ("_arrays", "_constants", "_signature", "_same", "_copy")
+    __slots__ = ("_arrays", "_constants", "_signature", "_address", "_same_layout", "_copy",
+                 "_clone")
 
     def __init__(self, framework: Any, leaves: Sequence[Any], paths: Sequence[str]) -> None:
         array_type = framework.array_type
-        signature = framework.signature
-        self._arrays = tuple((i, leaf, signature(leaf), path)
-                             for i, (leaf, path) in enumerate(zip(leaves, paths, strict=True))
+        signature, address = framework.signature, framework.address
+        pairs = list(zip(leaves, paths, strict=True))
+        self._arrays = tuple((i, leaf, address(leaf), signature(leaf), path)
+                             for i, (leaf, path) in enumerate(pairs)
                              if isinstance(leaf, array_type))
-        self._constants = tuple((i, leaf, path)
-                                for i, (leaf, path) in enumerate(zip(leaves, paths, strict=True))
+        self._constants = tuple((i, leaf, path) for i, (leaf, path) in enumerate(pairs)
                                 if not isinstance(leaf, array_type))
         self._signature = signature
-        self._same = framework.same_memory
+        self._address = address
+        self._same_layout = framework.same_layout
         self._copy = framework.copy
+        self._clone = framework.clone
 
     @property
     def statics(self) -> tuple:
         """The static arrays, in argument order."""
-        return tuple(static for _, static, _, _ in self._arrays)
+        return tuple(static for _, static, _, _, _ in self._arrays)
 
     def __call__(self, leaves: Sequence[Any]) -> None:
-        signature, same = self._signature, self._same
-        for index, static, expected, path in self._arrays:
+        signature, address = self._signature, self._address
+        for index, static, at, expected, path in self._arrays:
             value = leaves[index]
             if value is static:
                 continue
             try:
                 if signature(value) != expected:
                     raise Mismatch(index, path, static, value)
-            except (AttributeError, TypeError):
+                moved = address(value) != at
+            except (AttributeError, TypeError):  # not an array of the framework
                 raise Mismatch(index, path, static, value) from None
-            if not same(value, static):
+            if moved:
                 self._copy(static, value)
+            elif not self._same_layout(value, static):  # the static buffer, laid out anew
+                self._copy(static, self._clone(value))
         for index, expected, path in self._constants:
             if leaves[index] != expected:
                 raise Mismatch(index, path, expected, leaves[index])

@@ -7,6 +7,7 @@ The core's own front end (:func:`cugraphrt.make_graphed`, its shape buckets) run
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from operator import attrgetter
 from typing import Any
 
 import cupy
@@ -31,16 +32,14 @@ class CupyFramework(CupyViews):
     name = "cupy"
     array_type = _ndarray
 
-    @staticmethod
-    def signature(array: cupy.ndarray) -> tuple:
-        if type(array) is not _ndarray:
-            raise TypeError("not a cupy.ndarray")
-        return array.shape, array.dtype, array.data.device_id
+    # C-level lookups: no Python frame per argument on the call path. A NumPy array has
+    # no ``data.device_id`` (AttributeError): it never matches.
+    signature = staticmethod(attrgetter("shape", "dtype", "data.device_id"))
+    address = staticmethod(attrgetter("data.ptr"))
 
     @staticmethod
-    def same_memory(value: cupy.ndarray, static: cupy.ndarray) -> bool:
-        return bool(value.data.ptr == static.data.ptr and value._c_contiguous
-                    and static._c_contiguous)
+    def same_layout(value: cupy.ndarray, static: cupy.ndarray) -> bool:
+        return bool(value.strides == static.strides)
 
     @staticmethod
     def copy(dst: cupy.ndarray, src: cupy.ndarray) -> None:

@@ -20,8 +20,8 @@ class Framework(Protocol):
     """One framework's arrays, outputs, streams and capture, as the core uses them.
 
     Arrays (the call path's copy-in, shape buckets)
-        ``array_type``, ``signature``, ``same_memory``, ``copy``, ``fill``, ``empty``,
-        ``clone``, ``is_contiguous``, ``describe``.
+        ``array_type``, ``signature``, ``address``, ``same_layout``, ``copy``, ``fill``,
+        ``empty``, ``clone``, ``is_contiguous``, ``describe``.
     Outputs (the overwritten-output check)
         ``hand_out``, ``expire``, ``message``
         (:class:`cugraphrt.adapter.OutputOps`).
@@ -42,12 +42,17 @@ class Framework(Protocol):
         """The framework's array class."""
 
     def signature(self, array: Any) -> Any:
-        """What must equal the capture's for an argument to be copied in: shape, dtype,
-        device (anything comparable). May raise AttributeError or TypeError for a value that
-        is no array."""
+        """What must equal the capture's for an argument to be copied in: shape, dtype and
+        device (anything comparable). Raises AttributeError or TypeError for a value that is
+        no array. On the call path: best a C-level callable (``operator.attrgetter``)."""
 
-    def same_memory(self, value: Any, static: Any) -> bool:
-        """Whether ``value`` already is ``static``'s memory, laid out alike (no copy)."""
+    def address(self, array: Any) -> int:
+        """The device address of the array's first element. On the call path: best a
+        C-level callable (a method descriptor, ``operator.attrgetter``)."""
+
+    def same_layout(self, value: Any, static: Any) -> bool:
+        """For ``value`` at ``static``'s address: whether it is ``static`` laid out alike
+        (strides), so that no copy is needed."""
 
     def copy(self, dst: Any, src: Any) -> None:
         """Copy ``src`` into ``dst`` on the current stream (they may overlap)."""

@@ -21,11 +21,18 @@ from cugraphrt_torch._output_check import (  # noqa: E402
     checkable,
     make_check,
 )
-from cugraphrt_torch._piece import Piece, PieceSettings, _Recording  # noqa: E402
+from cugraphrt_torch._piece import (  # noqa: E402
+    Piece,
+    PieceSettings,
+    _CopyIn,
+    _HandOut,
+    _Recording,
+)
+from cugraphrt_torch.framework import TORCH  # noqa: E402
 from cugraphrt_torch.module import GraphedModule  # noqa: E402
 
 from cugraphrt import OptionsError  # noqa: E402
-from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder  # noqa: E402
+from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder  # noqa: E402
 
 from .test_autograd_cpu import F64, backward_twice, fake_group, linear_pair  # noqa: E402
 
@@ -215,8 +222,9 @@ def checked_group(items):
     runtimes = fake_group(items)
     for rt in runtimes:
         order = rt._guard
-        rt._check = make_check(True, f"graphed callable {rt.name}", FIX_CLONE, order)
-        rt._check.names = [rt._outputs.paths[p] for p in rt._outputs.positions]
+        check = make_check(True, f"graphed callable {rt.name}", FIX_CLONE, order)
+        check.names = [rt._outputs.paths[p] for p in rt._outputs.positions]
+        rt._steps.check = check  # the forward's hand-out step
     return runtimes
 
 
@@ -277,8 +285,13 @@ def fake_piece(fn, sample, check_outputs=True):
     piece._order = order
     piece._check = make_check(check_outputs, f"torch.compile piece '{piece.name}'", FIX_COMPILE,
                               order)
-    piece._recordings[()] = _Recording(None, FakeReplay(run), [None], [buffer], [0], [],
-                                       outputs, [True, False], order.next_seq(), (0,))
+    seq = order.next_seq()
+    # What Piece._capture builds: output 0 lives in the pool, output 1 views the input.
+    hand_out = HandOut(outputs, TORCH, copy=False, check=piece._check, seq=seq, which=[0],
+                       as_list=True)
+    path = CallPath(_CopyIn([buffer], [0]), order, seq, FakeReplay(run).on_torch_stream,
+                    _HandOut([], hand_out))
+    piece._recordings[()] = _Recording(None, path, [None], [0], outputs)
     return piece
 
 
@@ -321,4 +334,4 @@ def test_output_check_holds_no_strong_reference_to_an_output(marks):
     ref = weakref.ref(graphed(torch.randn(64)))
     gc.collect()
     assert ref() is None
-    assert isinstance(graphed._check, OutputCheck)
+    assert isinstance(graphed._path.hand_out._check, OutputCheck)
