@@ -44,7 +44,7 @@ from cugraphrt._callables.bucket_plan import (
 )
 from cugraphrt._callables.call_path import CallPath, HandOut
 from cugraphrt._callables.framework import Framework
-from cugraphrt._memory.overwrites import OutputCheck, order_for
+from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
 from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import BucketStat, BucketStats, PoolStats
@@ -81,8 +81,8 @@ class CapturedBucket:
 class _Bucket:
     """One bucket: its graph (or None while not captured) and its counters."""
 
-    __slots__ = ("size", "entry", "path", "outputs_by_n", "last_used", "calls", "captures",
-                 "evictions", "padded_rows", "capture_seconds", "growth_bytes", "over_budget",
+    __slots__ = ("size", "entry", "path", "outputs_by_n", "use", "captures",
+                 "evictions", "capture_seconds", "growth_bytes", "over_budget",
                  "alone_bytes")
 
     def __init__(self, size: int) -> None:
@@ -90,8 +90,8 @@ class _Bucket:
         self.entry: CapturedBucket | None = None
         self.path: CallPath | None = None  # the call path of entry's graph
         self.outputs_by_n: dict[int, Any] = {}
-        self.last_used = 0
-        self.calls = self.captures = self.evictions = self.padded_rows = 0
+        self.use = _Use()  # updated by the call path's steps, which must not hold the bucket
+        self.captures = self.evictions = 0
         self.capture_seconds = 0.0
         self.growth_bytes = 0
         self.over_budget = False
@@ -238,10 +238,9 @@ class Bucketed:
         bucket.captures += 1
         bucket.entry = entry
         bucket.outputs_by_n = {}
-        steps = _BucketSteps(self, bucket, entry)
-        bucket.path = CallPath(steps.load, order_for(pool), entry.seq, entry.replay,
-                               steps.hand_out)
-        bucket.last_used = self._clock.tick()
+        # No local may hold the steps: they hold the outputs, which a release below must free.
+        bucket.path = _BucketSteps(self, bucket, entry).path(order_for(pool))
+        bucket.use.last_used = self._clock.tick()
         bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
         if self._budget is not None and not self._fit_budget(keep=bucket):
             # Every other bucket is gone and this one still does not fit. Memory a framework
@@ -280,7 +279,7 @@ class Bucketed:
             victims = [b for b in self._table if b.entry is not None and b is not keep]
             if not victims:
                 return False
-            self._evict(min(victims, key=lambda b: b.last_used))
+            self._evict(min(victims, key=lambda b: b.use.last_used))
         return True
 
     def _reserved_bytes(self) -> int:
@@ -382,8 +381,8 @@ class Bucketed:
         pool: PoolStats = self.pool.stats()
         return BucketStats(
             buckets=tuple(BucketStat(
-                size=b.size, captured=b.entry is not None, calls=b.calls, captures=b.captures,
-                evictions=b.evictions, padded_rows=b.padded_rows,
+                size=b.size, captured=b.entry is not None, calls=b.use.calls, captures=b.captures,
+                evictions=b.evictions, padded_rows=b.use.padded_rows,
                 capture_seconds=b.capture_seconds, reserved_growth_bytes=b.growth_bytes,
             ) for b in self._table),
             eager_calls=self._eager_calls,
@@ -396,6 +395,15 @@ class Bucketed:
         captured = sum(b.entry is not None for b in self._table)
         return (f"<{type(self).__name__} of {self._name}: buckets {list(self.buckets)}, "
                 f"{captured} captured, pool {self.pool.id}>")
+
+
+class _Use:
+    """How a bucket's graph has been used: what eviction and the stats read."""
+
+    __slots__ = ("last_used", "calls", "padded_rows")
+
+    def __init__(self) -> None:
+        self.last_used = self.calls = self.padded_rows = 0
 
 
 class _Clock:
@@ -419,11 +427,15 @@ class _BucketSteps:
     :class:`Bucketed` (which holds them: see its docstring).
     """
 
-    __slots__ = ("_bucket", "_slots", "_statics", "_ops", "_pad_fn", "_pad_value", "_clock",
-                 "_probe", "_outputs", "_output_dims", "_copy", "_check", "_seq")
+    __slots__ = ("_size", "_use", "_hand_outs", "_slots", "_statics", "_ops", "_pad_fn",
+                 "_pad_value", "_clock", "_probe", "_outputs", "_output_dims", "_copy", "_check",
+                 "_seq", "_replay")
 
     def __init__(self, owner: Bucketed, bucket: _Bucket, entry: CapturedBucket) -> None:
-        self._bucket = bucket
+        # The bucket holds the path that holds these steps: they hold its parts, not it.
+        self._size = bucket.size
+        self._use = bucket.use
+        self._hand_outs = bucket.outputs_by_n
         self._slots = owner._slots
         self._statics = owner._statics
         self._ops = owner._ops
@@ -436,12 +448,16 @@ class _BucketSteps:
         self._copy = owner._copy_outputs
         self._check = owner._check
         self._seq = entry.seq
+        self._replay = entry.replay
+
+    def path(self, order: OverwriteOrder) -> CallPath:
+        """The bucket's call path, over these steps."""
+        return CallPath(self.load, order, self._seq, self._replay, self.hand_out)
 
     def load(self, leaves: Sequence[Any]) -> int:
         probe = self._probe
         n = leaves[probe.index].shape[probe.dim]
-        bucket = self._bucket
-        size = bucket.size
+        size = self._size
         copy = self._ops.copy
         for slot in self._slots:
             copy(slot.copy_views[n], leaves[slot.index])
@@ -457,17 +473,17 @@ class _BucketSteps:
             value = leaves[index]
             if value is not static:
                 copy(static, value)
-        bucket.last_used = self._clock.tick()
-        bucket.calls += 1
-        bucket.padded_rows += size - n
+        use = self._use
+        use.last_used = self._clock.tick()
+        use.calls += 1
+        use.padded_rows += size - n
         return n
 
     def hand_out(self, n: int) -> Any:
-        bucket = self._bucket
-        hand_out = bucket.outputs_by_n.get(n)
+        hand_out = self._hand_outs.get(n)
         if hand_out is None:
-            hand_out = bucket.outputs_by_n[n] = HandOut(
-                self._views(bucket.size, n), self._ops, copy=self._copy, check=self._check,
+            hand_out = self._hand_outs[n] = HandOut(
+                self._views(self._size, n), self._ops, copy=self._copy, check=self._check,
                 seq=self._seq)
         return hand_out()
 

@@ -8,7 +8,7 @@ import pytest
 
 import cugraphrt
 from cugraphrt import OptionsError, ReplayError, make_graphed
-from cugraphrt._callables import graphed as graphed_module
+from cugraphrt.adapter import CupyFramework
 
 pytestmark = pytest.mark.gpu
 
@@ -29,15 +29,16 @@ def test_results_equal_eager_on_fresh_inputs(randn):
 
 def test_static_inputs_are_not_copied(randn, monkeypatch):
     x, w1, w2 = randn((8, 16)), randn((16, 32)), randn((32, 4))
-    fn = make_graphed(mlp, (x, w1, w2))
     copies = []
-    original = graphed_module._copy_into
+    original = CupyFramework.copy
 
-    def counting(static, value, nbytes, flat):
-        copies.append(nbytes)
-        original(static, value, nbytes, flat)
+    def counting(static, value):
+        copies.append(value.nbytes)
+        original(static, value)
 
-    monkeypatch.setattr(graphed_module, "_copy_into", counting)
+    # The call path binds the framework's copy when the callable is made.
+    monkeypatch.setattr(CupyFramework, "copy", staticmethod(counting))
+    fn = make_graphed(mlp, (x, w1, w2))
     fn(x, w1, w2)
     assert copies == []
     fn(x, w1, w2[...])  # a view of the very same memory: no copy either
