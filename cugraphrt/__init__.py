@@ -10,10 +10,12 @@ from cugraphrt import _require  # noqa: F401 - first: a clear error without CuPy
 from cugraphrt._callables.graphed import BucketedFunction, GraphedFunction, make_graphed
 from cugraphrt._capture.graph_context import default_capture_stream, graph
 from cugraphrt._capture.graphs import Graph
+from cugraphrt._capture.graphs import hooks as _hooks
 from cugraphrt._capture.launcher import Launcher
 from cugraphrt._capture.stream import Stream, StreamGraph
 from cugraphrt._capture.stream_capture import is_current_stream_capturing
 from cugraphrt._control.loops import cond, while_loop
+from cugraphrt._libraries.capture_setup import prepare_capture as _prepare_capture
 from cugraphrt._memory.pool import (
     MemPool,
     empty_cache,
@@ -22,6 +24,7 @@ from cugraphrt._memory.pool import (
     set_pool_checks,
 )
 from cugraphrt._memory.pool_summary import device_stats, memory_summary
+from cugraphrt.distributed.replay import arm_graph as _arm_graph
 from cugraphrt.errors import (
     CaptureError,
     CollectiveTimeoutError,
@@ -41,6 +44,11 @@ from cugraphrt.options import (
     MakeGraphedOptions,
     PoolStats,
 )
+
+# The floors above the capture layer plug into it (it never imports them): the libraries
+# prepare every capture, the collectives room arms graphs that captured collectives.
+_hooks.prepare_capture = _prepare_capture
+_hooks.arm_collectives = _arm_graph
 
 __version__ = "0.1.0"
 

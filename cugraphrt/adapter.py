@@ -162,10 +162,14 @@ def note_replay(pool: MemPool, seq: int, stream: int) -> None:
 
 # -- namespaces ----------------------------------------------------------------------------------
 
-#: Stream captures and CUDA statuses: ``capture_info``, ``begin_capture``,
-#: ``abandon_capture``, ``debug_dot_print``, ``error_from_status`` and the status numbers.
+#: CUDA, for adapters (every CUDA call of cugraphrt goes through its ``_cuda`` package):
+#: ``get_device``, ``event_record``, ``stream_wait_event``, stream captures
+#: (``capture_info``, ``begin_capture``, ``abandon_capture``), ``debug_dot_print``,
+#: ``error_from_status`` and the status numbers.
 cuda = SimpleNamespace(
-    capture_info=_runtime.capture_info, begin_capture=_runtime.begin_capture,
+    get_device=_runtime.get_device, event_record=_runtime.event_record,
+    stream_wait_event=_runtime.stream_wait_event, capture_info=_runtime.capture_info,
+    begin_capture=_runtime.begin_capture,
     abandon_capture=_runtime.abandon_capture, debug_dot_print=_runtime.debug_dot_print,
     error_from_status=_runtime.error_from_status, STATUS_NONE=_runtime.STATUS_NONE,
     STATUS_ACTIVE=_runtime.STATUS_ACTIVE, CAPTURE_UNSUPPORTED=_runtime.CAPTURE_UNSUPPORTED,

@@ -52,25 +52,24 @@ def collect_info() -> InfoResult:
         return InfoResult(cugraphrt_version=__version__, cupy_version=None,
                           gpu_error=f"CuPy is not installed ({exc})")
     result = InfoResult(cugraphrt_version=__version__, cupy_version=cupy.__version__)
-    runtime = cupy.cuda.runtime
+    from cugraphrt._cuda import runtime as _cuda
+
     try:
         # The versions first: without a GPU they say why (a driver of 0 is no driver).
-        result.cuda_runtime_version = runtime.runtimeGetVersion()
-        result.cuda_driver_version = runtime.driverGetVersion()
-        if runtime.getDeviceCount() == 0:  # raises with the reason where CUDA has one
+        result.cuda_runtime_version = _cuda.runtime_version()
+        result.cuda_driver_version = _cuda.raw_driver_version()
+        if _cuda.raw_device_count() == 0:  # raises with the reason where CUDA has one
             raise RuntimeError("CUDA reports no device")
         from cugraphrt._memory.pool_summary import device_stats
 
         pools = {s.device_id: s for s in device_stats()}  # this process's pools, per device
-        for index in range(runtime.getDeviceCount()):
+        for index in range(_cuda.raw_device_count()):
             with cupy.cuda.Device(index) as device:
-                props = runtime.getDeviceProperties(index)
-                free, total = runtime.memGetInfo()
-                name = props["name"]
+                free, total = _cuda.mem_info()
                 mine = pools.get(index)
                 result.gpus.append(GpuInfo(
                     index=index,
-                    name=name.decode() if isinstance(name, bytes) else str(name),
+                    name=_cuda.device_name(index),
                     compute_capability=device.compute_capability,
                     total_bytes=total, free_bytes=free,
                     graph_pools=mine.pools if mine else 0,

@@ -85,7 +85,7 @@ class Generator:
 
     def __init__(self, seed: int | None = None, device: int | None = None) -> None:
         _refuse_in_capture("creating a cugraphrt.random.Generator")
-        self._device_id = cupy.cuda.runtime.getDevice() if device is None else int(device)
+        self._device_id = _cuda.get_device() if device is None else int(device)
         with cupy.cuda.Device(self._device_id):
             # [seed, position (in 128-bit counters), last-block counter]
             self._state = cupy.zeros(3, dtype=np.uint64)
@@ -219,8 +219,8 @@ class Generator:
         return out
 
     def _launch(self, name: str, out: cupy.ndarray, extra: tuple, counters: int) -> None:
-        if cupy.cuda.runtime.getDevice() != self._device_id:
-            raise OptionsError("device", cupy.cuda.runtime.getDevice(),
+        if _cuda.get_device() != self._device_id:
+            raise OptionsError("device", _cuda.get_device(),
                                f"draw on the generator's device {self._device_id}")
         kernel = _kernel(name, self._device_id)
         blocks = max(1, min(-(-counters // _THREADS), _MAX_BLOCKS))
@@ -272,7 +272,7 @@ def default_generator(device: int | None = None) -> Generator:
     Created on first use, which may be inside a capture: its state is then written eagerly
     on a side stream, so draws in the captured graph start from the seed.
     """
-    device_id = cupy.cuda.runtime.getDevice() if device is None else int(device)
+    device_id = _cuda.get_device() if device is None else int(device)
     generator = _defaults.get(device_id)
     if generator is None:
         with _defaults_lock:

@@ -121,7 +121,7 @@ class graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
         import torch
 
-        device = cupy.cuda.runtime.getDevice()
+        device = _cuda.get_device()
         if self.stream is not None:
             check_capture_stream(self.stream, device)
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
@@ -433,11 +433,11 @@ class _Replay:
     offsets for this replay on torch's current stream, then launches there.
     """
 
-    __slots__ = ("_replay", "_handles", "_device")
+    __slots__ = ("_replay", "_graph_handles", "_device")
 
     def __init__(self, torch_replay, handles, device: int) -> None:
         self._replay = torch_replay
-        self._handles = handles
+        self._graph_handles = handles
         self._device = device
 
     def __call__(self, stream=None) -> None:
@@ -454,7 +454,7 @@ class _Replay:
             check_replay_stream(stream, self._device)
         checked = FLAGS.pool_checks
         if checked:
-            pool, seq = self._handles.pool, self._handles.seq
+            pool, seq = self._graph_handles.pool, self._graph_handles.seq
             core.check_replay(pool, seq, ptr)
         if _torch.current_torch_stream_ptr(self._device) == ptr:
             self._replay()

@@ -192,8 +192,8 @@ def _order(producer: int, consumer: int) -> None:
         # stream into it; the caller orders its streams (cugraphrt_torch.graph shares one).
         return
     event = cupy.cuda.Event(block=False, disable_timing=True, interprocess=False)
-    cupy.cuda.runtime.eventRecord(event.ptr, producer)
-    cupy.cuda.runtime.streamWaitEvent(consumer, event.ptr)
+    _cuda.event_record(event.ptr, producer)
+    _cuda.stream_wait_event(consumer, event.ptr)
 
 
 def _capturing(ptr: int) -> bool:

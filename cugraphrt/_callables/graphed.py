@@ -142,7 +142,7 @@ def make_graphed(
 
 def _check_devices(sample_args: tuple) -> None:
     leaves, _, paths = _tree.flatten(sample_args, "args")
-    device_id = cupy.cuda.runtime.getDevice()
+    device_id = _cuda.get_device()
     for leaf, path in zip(leaves, paths, strict=True):
         if isinstance(leaf, _ndarray) and leaf.data.device_id != device_id:
             raise OptionsError("sample_args", path, f"arrays on the current device "
@@ -257,7 +257,7 @@ class BucketedFunction(Bucketed):
         self.__wrapped__ = fn
         name = getattr(fn, "__name__", type(fn).__name__)
         # Buckets are captured on first use: on the samples' device, whatever is current.
-        self._device = device = cupy.cuda.runtime.getDevice()
+        self._device = device = _cuda.get_device()
         _graphs._note_devices()
 
         def capture(args: tuple, pool: MemPool) -> CapturedBucket:

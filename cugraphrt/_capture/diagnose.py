@@ -21,7 +21,6 @@ import traceback
 
 import cupy
 import cupy_backends
-from cupy_backends.cuda.api import driver, runtime
 
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.status_errors import CudaCaptureError, LibraryCaptureError, also_library_error
@@ -33,7 +32,7 @@ __all__ = ["capture_error_from", "invalidated_error", "user_frame", "where_calle
 
 # Errors that CuPy raises itself, before calling CUDA, when a capture is underway.
 _CUPY_CAPTURE_MESSAGES = ("stream is capturing", "during stream capture", "capture sequence")
-_CUDA_ERRORS = (runtime.CUDARuntimeError, driver.CUDADriverError)
+_CUDA_ERRORS = (_cuda.CUDARuntimeError, _cuda.CUDADriverError)
 # CuPy's exception classes for the CUDA libraries, by class name (their modules load lazily).
 _LIBRARY_ERRORS = {"CUBLASError": "cuBLAS", "CUSOLVERError": "cuSOLVER",
                    "CUSPARSEError": "cuSPARSE", "CURANDError": "cuRAND", "CuFFTError": "cuFFT"}

@@ -14,6 +14,7 @@ import cupy
 
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture.graphs import Graph
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.devices import check_capture_stream
 from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import OptionsError
@@ -27,7 +28,7 @@ _capture_streams = threading.local()
 
 def default_capture_stream() -> cupy.cuda.Stream:
     """This thread's side stream for captures on the current device (created once)."""
-    device = cupy.cuda.runtime.getDevice()
+    device = _cuda.get_device()
     streams = getattr(_capture_streams, "by_device", None)
     if streams is None:
         streams = _capture_streams.by_device = {}
@@ -74,7 +75,7 @@ class graph:
         self.capture_stream = stream if stream is not None else default_capture_stream()
 
     def __enter__(self) -> graph:
-        check_capture_stream(self.capture_stream, cupy.cuda.runtime.getDevice())
+        check_capture_stream(self.capture_stream, _cuda.get_device())
         # No device synchronization here: nothing runs during a capture, and replays are
         # ordered by the stream they are launched on. A device-wide sync would invalidate the
         # captures of every other thread (whatever their mode).

@@ -20,10 +20,8 @@ from cugraphrt._capture.launcher import Launcher
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.devices import stream_ptr
 from cugraphrt._flags import FLAGS
-from cugraphrt._libraries import capture_setup as _libs
 from cugraphrt._memory.backing import _on_device
 from cugraphrt._memory.pool import MemPool
-from cugraphrt.distributed import replay as collective_replay
 from cugraphrt.errors import CaptureError, OptionsError, ReplayError
 from cugraphrt.options import CaptureOptions, validate_options
 
@@ -33,6 +31,23 @@ _current_stream = cupy.cuda.get_current_stream
 _launch = _cuda.graph_launch
 _get_device = _cuda.get_device
 _flags = FLAGS  # the switches every replay reads (cugraphrt._flags)
+
+
+class _Hooks:
+    """What the floors above plug into every capture (a lower floor never imports a higher
+    one): ``prepare_capture()`` before a capture begins (the libraries' handles and
+    patches, :mod:`cugraphrt._libraries.capture_setup`), and ``arm_collectives(graph, log)``
+    when a capture that recorded collectives ends (:mod:`cugraphrt.distributed.replay`).
+    ``cugraphrt/__init__.py`` installs both before anything can capture."""
+
+    __slots__ = ("prepare_capture", "arm_collectives")
+
+    def __init__(self) -> None:
+        self.prepare_capture: Callable[[], None] | None = None
+        self.arm_collectives: Callable[[Graph, object], None] | None = None
+
+
+hooks = _Hooks()
 
 
 def _note_devices() -> None:
@@ -115,7 +130,7 @@ class Graph:
                 "call reset() first, or create a new Graph"
             )
         chosen = _resolve_pool(pool)
-        capture = _capture.begin(chosen, mode, prepare=_libs.prepare_capture, start=start)
+        capture = _capture.begin(chosen, mode, prepare=hooks.prepare_capture, start=start)
         self._capture = capture
         self._pool = chosen
         self._device = capture.device_id
@@ -183,7 +198,9 @@ class Graph:
             _cuda.destroy_graph(handle)
             handles.graph = 0
         if capture.collectives is not None and finish is None:  # adapters arm their own
-            collective_replay.arm_graph(self, capture.collectives)
+            arm = hooks.arm_collectives
+            assert arm is not None  # installed by cugraphrt/__init__.py
+            arm(self, capture.collectives)
         return handles.graph
 
     def _adopt(self, owner: object, graph_handle: int, exec_handle: int, replay=None,

@@ -21,7 +21,6 @@ import os
 import tempfile
 
 import cupy
-from cupy_backends.cuda.api import runtime
 
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture.graphs import Graph
@@ -126,7 +125,7 @@ class Stream(cupy.cuda.Stream):
         """No capture of ours on this stream: CuPy's end (CUDA's answer), errors translated."""
         try:
             return super().end_capture()
-        except runtime.CUDARuntimeError as exc:
+        except _cuda.CUDARuntimeError as exc:
             if isinstance(exc, CugraphrtError):
                 raise
             raise _cuda.error_from_status(exc.status, "cudaStreamEndCapture") from exc
@@ -142,7 +141,7 @@ class Stream(cupy.cuda.Stream):
         """
         try:
             super().synchronize()
-        except runtime.CUDARuntimeError as exc:
+        except _cuda.CUDARuntimeError as exc:
             if isinstance(exc, CugraphrtError):
                 raise
             graph = self.__dict__.get("_cugraphrt_graph")

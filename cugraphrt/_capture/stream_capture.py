@@ -193,7 +193,7 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
             f"nested capture: stream 0x{ptr:x} is already capturing (got capture status "
             f"{status}); end the outer capture first, or let the outer graph record this work"
         )
-    device_id = cupy.cuda.runtime.getDevice()
+    device_id = _cuda.get_device()
     if pool.device_id != device_id:
         raise CaptureError(
             f"the memory pool belongs to device {pool.device_id} (got current device "

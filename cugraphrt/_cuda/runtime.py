@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from cupy_backends.cuda.api import driver as _cupy_driver
 from cupy_backends.cuda.api import runtime
 
 from cugraphrt._cuda.status_errors import CudaCaptureError, CudaStatusError
@@ -393,7 +394,48 @@ def mem_info() -> tuple[int, int]:
     return int(free), int(total)
 
 
+def runtime_version() -> int:
+    """The CUDA runtime's version as an integer, e.g. 13000 (raises CuPy's error without
+    a usable CUDA)."""
+    return int(runtime.runtimeGetVersion())
+
+
+def raw_driver_version() -> int:
+    """``cudaDriverGetVersion``: 0 where no driver is installed (``cugraphrt info``)."""
+    return int(runtime.driverGetVersion())
+
+
+def raw_device_count() -> int:
+    """``cudaGetDeviceCount`` as CUDA answers it now, raising CuPy's error with CUDA's
+    reason (``cugraphrt info`` reports it)."""
+    return int(runtime.getDeviceCount())
+
+
+def device_name(index: int) -> str:
+    """The name of device ``index`` (``cudaGetDeviceProperties``)."""
+    name = runtime.getDeviceProperties(index)["name"]
+    return name.decode() if isinstance(name, bytes) else str(name)
+
+
+def malloc(nbytes: int) -> int:
+    """``cudaMalloc`` on the current device; raises :data:`CUDARuntimeError` (the caller
+    tells out-of-memory apart)."""
+    return int(runtime.malloc(nbytes))
+
+
+def free(ptr: int) -> None:
+    """``cudaFree``."""
+    runtime.free(ptr)
+
+
+def stream_wait_event(stream_ptr: int, event: int) -> None:
+    """``cudaStreamWaitEvent``: work queued on ``stream_ptr`` waits for ``event``."""
+    _runtime_call(runtime.streamWaitEvent, "cudaStreamWaitEvent", stream_ptr, event)
+
+
 # Re-exported for the replay path: one attribute lookup fewer per call.
 graph_launch = runtime.graphLaunch
 get_device = runtime.getDevice  # cudaGetDevice as one C call (current_device() adds a frame)
 CUDARuntimeError = runtime.CUDARuntimeError
+CUDADriverError = _cupy_driver.CUDADriverError
+set_device = runtime.setDevice

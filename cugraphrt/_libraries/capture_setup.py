@@ -31,8 +31,9 @@ import threading
 from typing import Any, cast
 
 from cugraphrt._capture import stream_capture as _capture
-from cugraphrt._cuda import cublas as _cublas
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.status_errors import LibraryCaptureError
+from cugraphrt._libraries import cublas as _cublas
 from cugraphrt._libraries import fft_plans as _fft_plans
 
 __all__ = ["prepare_capture"]
@@ -76,9 +77,7 @@ def prepare_capture() -> None:
         with _lock:
             _install_pending()
     if _cublas.handle_wanted:
-        from cupy_backends.cuda.api import runtime
-
-        _cublas.ensure_capture_handle(runtime.getDevice())
+        _cublas.ensure_capture_handle(_cuda.get_device())
     random_module = sys.modules.get("cugraphrt.random")
     if random_module is not None:
         # The default generator's state must be written eagerly, before the capture.

@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.errors import OptionsError
 
 __all__ = [
@@ -195,14 +196,10 @@ class CudaBackingAllocator:
         self.device_id = int(device_id)
 
     def malloc(self, nbytes: int) -> int:
-        from cupy_backends.cuda.api import runtime
-
-        from cugraphrt._cuda import runtime as _cuda
-
         with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
             try:
-                return int(runtime.malloc(nbytes))
-            except runtime.CUDARuntimeError as exc:
+                return _cuda.malloc(nbytes)
+            except _cuda.CUDARuntimeError as exc:
                 if exc.status == _cuda.OUT_OF_MEMORY:
                     raise BackingOutOfMemoryError(nbytes) from None
                 raise _cuda.error_from_status(exc.status, "cudaMalloc") from exc
@@ -211,16 +208,10 @@ class CudaBackingAllocator:
         capture_activity.defer_or_run(functools.partial(self._free_now, ptr))
 
     def _free_now(self, ptr: int) -> None:
-        from cupy_backends.cuda.api import runtime
-
-        from cugraphrt._cuda import runtime as _cuda
-
         with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
-            runtime.free(ptr)
+            _cuda.free(ptr)
 
     def mem_info(self) -> tuple[int, int]:
-        from cugraphrt._cuda import runtime as _cuda
-
         # Asked while a capture may be underway (to report an out-of-memory error).
         with _cuda.relaxed_capture_mode(), _on_device(self.device_id):
             return _cuda.mem_info()
@@ -238,14 +229,10 @@ class _on_device:
         self.device_id = device_id
 
     def __enter__(self) -> None:
-        from cupy_backends.cuda.api import runtime
-
-        self.previous = runtime.getDevice()
+        self.previous = _cuda.get_device()
         if self.previous != self.device_id:
-            runtime.setDevice(self.device_id)
+            _cuda.set_device(self.device_id)
 
     def __exit__(self, *exc: object) -> None:
-        from cupy_backends.cuda.api import runtime
-
         if self.previous != self.device_id:
-            runtime.setDevice(self.previous)
+            _cuda.set_device(self.previous)

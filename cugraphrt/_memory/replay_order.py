@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.errors import PoolOrderError
 
 __all__ = ["ReplayOrder"]
@@ -50,9 +51,7 @@ class ReplayOrder:
                 f"each graph its own pool"
             )
         if stream_ptr != self.last_stream and self.event is not None:
-            from cupy_backends.cuda.api import runtime
-
-            if runtime.eventQuery(self.event.ptr) != 0:
+            if not _cuda.event_done(self.event.ptr):
                 raise PoolOrderError(
                     f"graph #{position + 1} sharing memory pool {pool_id} was replayed on "
                     f"stream 0x{stream_ptr:x} while the previous replay of the pool, on "
@@ -63,11 +62,10 @@ class ReplayOrder:
 
     def note(self, seq: int, stream_ptr: int) -> None:
         from cupy.cuda import Event
-        from cupy_backends.cuda.api import runtime
 
         event = self.event
         if event is None:
             event = self.event = Event(disable_timing=True)
-        runtime.eventRecord(event.ptr, stream_ptr)
+        _cuda.event_record(event.ptr, stream_ptr)
         self.last = seq
         self.last_stream = stream_ptr

@@ -62,6 +62,8 @@ class FakeDevices:
         patch = monkeypatch.setattr
         patch(runtime, "getDevice", self.get_device)  # read by _cuda and _on_device
         patch(runtime, "setDevice", self.set_device)
+        patch(_cuda, "get_device", self.get_device)  # bound at import
+        patch(_cuda, "set_device", self.set_device)
         patch(graphs, "_get_device", self.get_device)  # bound at import
         patch(_cuda, "device_count", lambda: self.count)
         patch(graphs, "_launch", self.launch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from cugraphrt._cuda import cublas as _cublas
+from cugraphrt._libraries import cublas as _cublas
 
 
 def in_thread(fn):

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from cugraphrt import MemPool
-from cugraphrt._cuda import cublas as _cublas
+from cugraphrt._libraries import cublas as _cublas
 
 from .fakes import FakeBackingAllocator
 

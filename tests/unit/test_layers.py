@@ -1,0 +1,233 @@
+"""The layers of the package, read from the source (GPU-free).
+
+* An adapter (``cugraphrt_torch``, the minitensor example) imports only cugraphrt's public
+  modules, never a private name, and never reaches the core's private hooks.
+* The core never imports an adapter, nor the bench outside the CLI's lazy import.
+* Every CUDA call goes through the ``cugraphrt._cuda`` floor.
+* No import cycle between modules, nor between the core's rooms (its folders).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import cugraphrt
+from cugraphrt import adapter
+
+ROOT = Path(__file__).resolve().parents[2]
+CORE = ROOT / "cugraphrt"
+TORCH_ADAPTER = ROOT / "adapters" / "cugraphrt_torch"
+EXAMPLE_ADAPTER = ROOT / "examples" / "dlpack_framework"
+
+#: The modules an adapter may import from cugraphrt.
+PUBLIC = {"cugraphrt", "cugraphrt.adapter", "cugraphrt.errors", "cugraphrt.options",
+          "cugraphrt.distributed", "cugraphrt.random"}
+#: The core's private hooks: an adapter goes through cugraphrt.adapter instead.
+PRIVATE_HOOKS = {"_begin", "_end", "_adopt", "_abort_capture", "_set_route", "_route",
+                 "_handles", "_keep_graph", "_ready_exec", "_allocate", "_check_replay",
+                 "_note_replay", "_checks_enabled", "_multi_device", "_refresh_exec",
+                 "_launch_own", "_replay_checked", "_shared_block"}
+#: What only the floor may import or reach.
+CUDA_MODULES = ("cupy_backends.cuda.api", "cuda.bindings", "cuda.core", "cupy.cuda.runtime",
+                "cupy.cuda.driver")
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _module(path: Path) -> str:
+    base = ROOT / "adapters" if TORCH_ADAPTER in path.parents else ROOT
+    parts = list(path.relative_to(base).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(path: Path, *, top_level: bool = False) -> list[tuple[str, str, int]]:
+    """(module, imported name or "", line) of every import; relative ones resolved."""
+    tree = ast.parse(path.read_text(), str(path))
+    inside = ROOT in path.parents
+    own = _module(path) if inside else path.stem
+    package = own if path.name == "__init__.py" else own.rpartition(".")[0]
+    nodes = tree.body if top_level else ast.walk(tree)
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(alias.name, "", node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            found += [(base, alias.name, node.lineno) for alias in node.names]
+    return found
+
+
+def _adapter_files() -> list[Path]:
+    return _files(TORCH_ADAPTER) + _files(EXAMPLE_ADAPTER)
+
+
+@pytest.mark.parametrize("path", _adapter_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_adapters_import_only_public_names(path):
+    for module, name, line in _imports(path):
+        if module != "cugraphrt" and not module.startswith("cugraphrt."):
+            continue
+        where = f"{path.relative_to(ROOT)}:{line}"
+        assert module in PUBLIC, f"{where} imports {module}: not a public module"
+        assert not name.startswith("_") or name == "__version__", \
+            f"{where} imports {module}.{name}: a private name"
+
+
+@pytest.mark.parametrize("path", _adapter_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_adapters_reach_no_private_hook_of_the_core(path):
+    tree = ast.parse(path.read_text(), str(path))
+    reached = sorted({(node.attr, node.lineno) for node in ast.walk(tree)
+                      if isinstance(node, ast.Attribute) and node.attr in PRIVATE_HOOKS})
+    assert not reached, (f"{path.relative_to(ROOT)} reaches the core's private hooks "
+                         f"{reached}; use cugraphrt.adapter")
+
+
+def test_the_core_imports_no_adapter_and_the_bench_only_from_the_cli():
+    for path in _files(CORE):
+        if CORE / "bench" in path.parents:
+            continue
+        for module, _, line in _imports(path):
+            where = f"{path.relative_to(ROOT)}:{line}"
+            assert not module.startswith("cugraphrt_torch"), f"{where} imports the adapter"
+            if module.startswith("cugraphrt.bench"):
+                assert path.name == "cli.py", f"{where} imports the bench"
+        for module, _, line in _imports(path, top_level=True):
+            assert not module.startswith("cugraphrt.bench"), \
+                f"{path.relative_to(ROOT)}:{line} imports the bench at import time"
+
+
+def test_every_cuda_call_goes_through_the_floor():
+    outside = [p for p in _files(CORE) + _files(TORCH_ADAPTER) + _files(EXAMPLE_ADAPTER)
+               if CORE / "_cuda" not in p.parents and CORE / "bench" not in p.parents]
+    for path in outside:
+        text = path.read_text()
+        for module, name, line in _imports(path):
+            full = f"{module}.{name}" if name else module
+            assert not full.startswith(CUDA_MODULES), \
+                f"{path.relative_to(ROOT)}:{line} imports {full}: call it through cugraphrt._cuda"
+        tree = ast.parse(text)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and ast.unparse(node).startswith(
+                    ("cupy.cuda.runtime.", "cupy.cuda.driver.")):
+                pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno} calls "
+                            f"{ast.unparse(node)}: call it through cugraphrt._cuda")
+            if isinstance(node, ast.Attribute) and ast.unparse(node) == "ctypes.CDLL":
+                pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno} loads a library")
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports at import time."""
+    files = _files(CORE) + _files(TORCH_ADAPTER)
+    known = {_module(p) for p in files}
+    edges: dict[str, set[str]] = {}
+    for path in files:
+        out = edges.setdefault(_module(path), set())
+        for module, name, _ in _imports(path, top_level=True):
+            target = f"{module}.{name}" if f"{module}.{name}" in known else module
+            if target in known and target != _module(path):
+                out.add(target)
+    return edges
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_between_modules():
+    cycle = _cycle(_graph())
+    assert cycle is None, " -> ".join(cycle or [])
+
+
+def test_no_import_cycle_between_the_rooms_of_the_core():
+    def room(module: str) -> str | None:
+        parts = module.split(".")
+        if parts[0] != "cugraphrt" or len(parts) < 2 or parts[1] == "bench":
+            return None
+        folder = CORE / parts[1]
+        return parts[1] if folder.is_dir() else None
+
+    rooms: dict[str, set[str]] = {}
+    for source, targets in _graph().items():
+        a = room(source)
+        if a is None:
+            continue
+        for target in targets:
+            b = room(target)
+            if b is not None and b != a:
+                rooms.setdefault(a, set()).add(b)
+    cycle = _cycle(rooms)
+    assert cycle is None, "rooms import each other: " + " -> ".join(cycle or [])
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # The tests above can fail: the finder sees a planted cycle, and none without it.
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_the_import_rules_catch_a_private_import(tmp_path, monkeypatch):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from cugraphrt._capture.graphs import Graph\nfrom cugraphrt import _tree\n")
+    found = [(m, n) for m, n, _ in _imports(bad) if m.startswith("cugraphrt")]
+    assert ("cugraphrt._capture.graphs", "Graph") in found and ("cugraphrt", "_tree") in found
+    assert not all(m in PUBLIC and not n.startswith("_") for m, n in found)
+
+
+FRAMEWORK_MEMBERS = [name for name in vars(adapter.Framework)
+                     if not name.startswith("_") and name not in ("name",)]
+
+
+def _frameworks() -> list:
+    import sys
+
+    sys.path.insert(0, str(EXAMPLE_ADAPTER))
+    try:
+        import cugraphrt_minitensor
+    finally:
+        sys.path.remove(str(EXAMPLE_ADAPTER))
+    found = [adapter.CUPY, cugraphrt_minitensor.MINI]
+    try:
+        from cugraphrt_torch.framework import TORCH
+    except ImportError:  # torch is not installed here
+        return found
+    return [*found, TORCH]
+
+
+@pytest.mark.parametrize("framework", _frameworks(), ids=lambda f: f.name)
+def test_every_framework_implements_the_whole_interface(framework):
+    assert "hand_out" in FRAMEWORK_MEMBERS and "capture" in FRAMEWORK_MEMBERS
+    missing = [name for name in FRAMEWORK_MEMBERS if not callable(getattr(framework, name, None))
+               and name != "array_type"]
+    assert not missing, f"{framework.name} lacks {missing}"
+    assert isinstance(framework.array_type, type)
+
+
+def test_the_adapter_interface_exports_what_it_documents():
+    for name in adapter.__all__:
+        assert hasattr(adapter, name), name
+    assert cugraphrt.adapter is adapter
