@@ -9,7 +9,7 @@ from __future__ import annotations
 import warnings
 import weakref
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import cupy
 
@@ -44,7 +44,7 @@ class _Hooks:
 
     def __init__(self) -> None:
         self.prepare_capture: Callable[[], None] | None = None
-        self.arm_collectives: Callable[[Graph, object], None] | None = None
+        self.arm_collectives: Callable[[Graph, Any], None] | None = None
 
 
 hooks = _Hooks()
