@@ -49,7 +49,8 @@ def main() -> None:
                                    rtol=1e-4, atol=1e-5)
     print("graphed: 3 replays equal the float64 reference")
 
-    served = make_bucketed(mlp, (x, w1, w2), buckets=[4, 8, 16, 32])
+    served = make_bucketed(mlp, (x, w1, w2), buckets=[4, 8, 16, 32],
+                           dynamic_dim=(0, None, None))  # rows vary, weights do not
     served.capture_all(progress=False)
     for n in range(1, 33):
         x_host = rng.standard_normal((n, 64)).astype(np.float32)

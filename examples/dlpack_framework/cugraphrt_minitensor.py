@@ -107,13 +107,14 @@ def make_graphed(fn: Callable, sample_args: tuple, *, warmup: int = 2, pool: Any
     return graphed
 
 
-def make_bucketed(fn: Callable, sample_args: tuple, buckets: Any, *, warmup: int = 2,
-                  pool: Any = None) -> Bucketed:
-    """One graph per size of dimension 0, the core's shape buckets on minitensor."""
+def make_bucketed(fn: Callable, sample_args: tuple, buckets: Any, *, dynamic_dim: Any = 0,
+                  warmup: int = 2, pool: Any = None) -> Bucketed:
+    """One graph per size of a dynamic dimension (``dynamic_dim``: per argument, or one for
+    all), the core's shape buckets on minitensor."""
     def capture(args: tuple, bucket_pool: Any) -> CapturedBucket:
         cuda_graph, outputs, seq = _capture(fn, args, bucket_pool, warmup)
         return CapturedBucket(cuda_graph.replay, outputs, cuda_graph.reset, seq)
 
-    return Bucketed(ops=MINI, sample_args=sample_args, buckets=buckets, dynamic_dim=0, pad=0,
-                    memory_budget=None, strict=False, pool=pool, copy_outputs=False,
-                    capture=capture, eager=fn, name=fn.__name__)
+    return Bucketed(ops=MINI, sample_args=sample_args, buckets=buckets,
+                    dynamic_dim=dynamic_dim, pad=0, memory_budget=None, strict=False, pool=pool,
+                    copy_outputs=False, capture=capture, eager=fn, name=fn.__name__)

@@ -98,7 +98,7 @@ def test_buckets_serve_every_size_and_run_larger_ones_eagerly(rng, params):
     w, b = params
     wt, bt = mt.tensor(w), mt.tensor(b)
     served = make_bucketed(affine, (mt.tensor(rng.standard_normal((8, 16))), wt, bt),
-                           buckets=[2, 4, 8])
+                           buckets=[2, 4, 8], dynamic_dim=(0, None, None))
     for n in range(1, 9):
         x = rng.standard_normal((n, 16)).astype(np.float32)
         out = served(mt.tensor(x), wt, bt)

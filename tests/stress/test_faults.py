@@ -15,7 +15,6 @@ from cugraphrt import CugraphrtError, Graph, PoolOutOfMemoryError, graph
 from cugraphrt._capture import graphs as graphs_module
 from cugraphrt._capture import stream_capture as _capture
 from cugraphrt._cuda import runtime as _cuda
-from cugraphrt._libraries import capture_setup as _libs
 from cugraphrt._memory.backing import capture_activity
 
 from ._measure import MiB, device_used_bytes, growth_limit
@@ -42,7 +41,7 @@ def failing(original, exc_type, after: int = 0):
 
 # Where a fault is injected: (name, object, attribute, which call fails).
 POINTS = [
-    ("prepare", _libs, "prepare_capture", 0),
+    ("prepare", graphs_module.hooks, "prepare_capture", 0),  # what every capture runs first
     ("pool begin", cugraphrt.MemPool, "_begin_capture", 0),
     ("cuda begin", cupy.cuda.Stream, "begin_capture", 0),
     ("capture info", _cuda, "capture_info", 1),  # the check right after the begin

@@ -77,7 +77,7 @@ def capture_and_replay(index: int, barrier, mode: str, rounds: int = 3,
 @pytest.mark.parametrize("mode", ["thread_local", "relaxed"])
 @pytest.mark.parametrize("matmul", [False, True], ids=["elementwise", "with-matmul"])
 def test_eight_threads_capture_and_replay_at_once(mode, matmul, level, figures):
-    from cugraphrt._cuda import cublas as _cublas
+    from cugraphrt._libraries import cublas as _cublas
 
     # With matmul every new thread also gets a CuPy cuBLAS handle of its own (CuPy's, not
     # ours to recycle): fewer long rounds keep those within the device's memory.
