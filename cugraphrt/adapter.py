@@ -25,6 +25,9 @@ streams, capture). What the core **offers** it, in four groups:
   :data:`collectives` (recording and checking collectives), :data:`tree` (nested arguments).
 * **Streams and devices**: :func:`check_capture_stream`, :func:`check_replay_stream`,
   :func:`stream_ptr`.
+* **Backing allocators**, where a pool's segments come from (``MemPool(backing=...)``):
+  :class:`BackingAllocator` (version :data:`BACKING_INTERFACE_VERSION`),
+  :class:`CudaBackingAllocator`, :class:`BackingOutOfMemoryError`.
 
 The lifetime rule every adapter follows is stated once, in ``docs/concepts.md``
 ("Lifetimes"): a Graph lives as long as anything that can replay it, so what an adapter
@@ -52,7 +55,13 @@ from cugraphrt._control.loops import Frontend as ControlFrontend
 from cugraphrt._cuda import runtime as _runtime
 from cugraphrt._cuda.devices import check_capture_stream, check_replay_stream, stream_ptr
 from cugraphrt._flags import FLAGS, ReplayFlags
-from cugraphrt._memory.backing import capture_activity
+from cugraphrt._memory.backing import (
+    BACKING_INTERFACE_VERSION,
+    BackingAllocator,
+    BackingOutOfMemoryError,
+    CudaBackingAllocator,
+    capture_activity,
+)
 from cugraphrt._memory.overwrites import ENV as CHECK_OUTPUTS_ENV
 from cugraphrt._memory.overwrites import (
     OutputCheck,
@@ -79,6 +88,9 @@ __all__ = [
     "Capture", "begin_capture", "end_capture", "abort_capture", "adopt", "capture_of",
     "graph_handles", "route_of", "ready_exec", "resolve_pool", "allocate", "capture_activity",
     "check_replay", "note_replay", "FLAGS", "ReplayFlags",
+    # backing allocators (where a pool's segments come from)
+    "BACKING_INTERFACE_VERSION", "BackingAllocator", "BackingOutOfMemoryError",
+    "CudaBackingAllocator",
     # streams, devices, options
     "check_capture_stream", "check_replay_stream", "stream_ptr", "Frozen", "ControlFrontend",
     # namespaces

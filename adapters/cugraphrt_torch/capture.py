@@ -12,7 +12,7 @@ allocations go to the same cugraphrt pool through the core's router.
 Failures. Torch skips its allocator bookkeeping when ``capture_end`` fails (the pool stays
 "being recorded to", and the next capture into it fails). To end torch's capture cleanly
 after any failure, we end the broken CUDA capture ourselves, begin an empty one on the same
-stream and let torch end *that*, then reset its graph (see :meth:`_Session.unwind`).
+stream and let torch end *that*, then reset its graph (see :meth:`_TorchCapture.unwind`).
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ class graph:
         self.stream = stream
         self._torch_graph: Callable[[], Any] = _no_graph
         self._replay: _Replay | None = None
-        self._session: _Session | None = None
+        self._session: _TorchCapture | None = None
         self._contexts: contextlib.ExitStack | None = None
 
     @property
@@ -132,7 +132,7 @@ class graph:
         contexts.enter_context(cupy_stream)
         contexts.enter_context(torch.cuda.stream(torch_stream))
         try:
-            self._session = _Session.begin(self.cuda_graph, self.pool, self.capture_error_mode,
+            self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
                                            torch_stream, device)
         except BaseException:
             contexts.close()
@@ -142,7 +142,7 @@ class graph:
 
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         # Both are set by a successful __enter__.
-        session, self._session = cast("_Session", self._session), None
+        session, self._session = cast("_TorchCapture", self._session), None
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
         try:
             if exc is None:
@@ -158,7 +158,7 @@ class graph:
         return False
 
 
-class _Session:
+class _TorchCapture:
     """One torch capture into a cugraphrt Graph, from begin to adopt or roll-back."""
 
     def __init__(self, cuda_graph: Graph, pool: MemPool, torch_stream, device: int) -> None:
@@ -194,7 +194,7 @@ class _Session:
         return torch_graph
 
     @classmethod
-    def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _Session:
+    def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _TorchCapture:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
         try:

@@ -7,7 +7,7 @@ torch's current stream and passes ``g.pool()`` or ``graph_pool_handle()`` betwee
 ``torch.cuda.CUDAGraph`` (and ``graph``, ``make_graphed_callables``, ``graph_pool_handle``,
 ``is_current_stream_capturing``) by the ``cugraphrt_torch`` names is the whole migration.
 
-It is built on the capture of :class:`cugraphrt_torch.graph` (one ``_Session``: torch's own
+It is built on the capture of :class:`cugraphrt_torch.graph` (one ``_TorchCapture``: torch's own
 ``CUDAGraph(keep_graph=True)`` owns the CUDA capture, so its RNG and allocator know of it;
 torch's memory comes from the cugraphrt pool). ``capture_begin`` makes torch's current
 stream CuPy's current stream too, so CuPy work between begin and end is captured and
@@ -35,7 +35,7 @@ from cugraphrt.errors import CaptureError, OptionsError, ReplayError
 from cugraphrt.options import CaptureOptions, validate_options
 
 from . import _torch
-from .capture import _Replay, _Session
+from .capture import _Replay, _TorchCapture
 
 __all__ = ["CUDAGraph", "graph_pool_handle", "is_current_stream_capturing"]
 
@@ -115,12 +115,12 @@ class CUDAGraph(Graph):
 
     def __init__(self, keep_graph: bool = False) -> None:
         super().__init__(keep_graph=keep_graph)
-        self._session: _Session | None = None
+        self._session: _TorchCapture | None = None
         self._streams: contextlib.ExitStack | None = None
         self._torch_replay: _Replay | None = None
         self._replay_fn: Callable[[], None] = _replay_before_capture
         self._debug_mode = False
-        self._generator_states: list = []  # read by _Session for each capture
+        self._generator_states: list = []  # read by _TorchCapture for each capture
 
     # -- capture ---------------------------------------------------------------------------
 
@@ -159,7 +159,8 @@ class CUDAGraph(Graph):
         # CuPy work in the capture lands there); capture_end restores it.
         streams.enter_context(_torch.cupy_stream_for(int(torch_stream.cuda_stream), device))
         try:
-            self._session = _Session.begin(self, pool, capture_error_mode, torch_stream, device)
+            self._session = _TorchCapture.begin(self, pool, capture_error_mode, torch_stream,
+                                                device)
         except BaseException:
             streams.close()
             raise

@@ -4,7 +4,7 @@
 ``torch_dynamo_backends`` entry point, so no import is needed. Dynamo hands the backend one
 FX graph per region between graph breaks; AOTAutograd splits each into an inference graph, or
 a forward and a backward graph; each of those is compiled (by Inductor, or by ``aot_eager``'s
-FX interpreter) and becomes a :class:`~cugraphrt_torch._piece.Piece`, which captures the
+FX interpreter) and becomes a :class:`~cugraphrt_torch._aot_graph.AotGraph`, which captures the
 compiled code into a cugraphrt graph and replays it. See ``docs/compile.md``.
 """
 
@@ -24,8 +24,8 @@ from cugraphrt.errors import OptionsError
 from cugraphrt.options import Frozen, validate_options
 
 from . import _fx_inspect
-from ._piece import Piece, PieceReport, PieceSettings, live_pieces
-from ._piece_buckets import PieceBuckets, plan_buckets
+from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
+from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
 
@@ -117,21 +117,21 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
     if options is not None and not isinstance(options, dict):
         raise OptionsError("options", options, "a dict of CompileOptions fields")
     opts = validate_options(CompileOptions, **(options or {}))
-    settings = PieceSettings(warmup=opts.warmup, max_graphs=opts.max_graphs,
+    settings = AotGraphSettings(warmup=opts.warmup, max_graphs=opts.max_graphs,
                              max_rerecords=opts.max_rerecords, copy_outputs=opts.copy_outputs,
                              strict=opts.strict, buckets=_bucket_sizes(opts),
                              check_outputs=opts.check_outputs)
-    region = _Region(next(_region_ids), opts.compiler, settings,
+    region = _DynamoGraph(next(_region_ids), opts.compiler, settings,
                      _fx_inspect.placeholder_names(gm))
     if opts.compiler == "aot_eager":
         return region.compile_aot_eager(gm, example_inputs)
     return region.compile_inductor(gm, example_inputs, _inductor_patches(opts.eager_numerics))
 
 
-class _Region:
+class _DynamoGraph:
     """The pieces of one dynamo graph: inference, or forward and backward."""
 
-    def __init__(self, number: int, compiler: str, settings: PieceSettings,
+    def __init__(self, number: int, compiler: str, settings: AotGraphSettings,
                  dynamo_names: list[str]) -> None:
         self.number = number
         self.compiler = compiler
@@ -149,7 +149,7 @@ class _Region:
                     "inference" if kwargs.get("is_inference") else "forward")
             return self.piece(compiled, graph, inputs, kind, kwargs.get("static_input_idxs"))
 
-        # AOTAutograd's cache stores Inductor's output code; a Piece is not one.
+        # AOTAutograd's cache stores Inductor's output code; a AotGraph is not one.
         with _no_autograd_cache():
             # compile_fx applies the patches to the backward's later compilation too.
             return compile_fx(gm, example_inputs, inner_compile=inner,
@@ -170,7 +170,7 @@ class _Region:
         with _no_autograd_cache():
             return aot(gm, example_inputs)
 
-    def piece(self, compiled, graph, inputs, kind: str, static) -> Piece:
+    def piece(self, compiled, graph, inputs, kind: str, static) -> AotGraph:
         names = _fx_inspect.placeholder_names(graph)
         if kind != "backward" and len(names) == len(self.dynamo_names):
             names = self.dynamo_names  # the user's names: l_self_modules_fc_parameters_weight_
@@ -190,11 +190,11 @@ class _Region:
             if isinstance(plan, str):
                 note = plan
             else:
-                buckets = PieceBuckets(plan, self.settings.buckets, compiled, name=name,
+                buckets = AotGraphBuckets(plan, self.settings.buckets, compiled, name=name,
                                        static=static, strict=self.settings.strict,
                                        copy_outputs=self.settings.copy_outputs,
                                        check_outputs=self.settings.check_outputs)
-        return Piece(compiled, name=name, compiler=self.compiler, names=names, static=static,
+        return AotGraph(compiled, name=name, compiler=self.compiler, names=names, static=static,
                      mutated=mutated, dynamic=dynamic,
                      reason=_fx_inspect.uncapturable_reason(graph, inputs, names),
                      settings=self.settings, buckets=buckets, bucket_note=note)
@@ -257,16 +257,16 @@ def _no_autograd_cache():
         yield
 
 
-def compile_report() -> list[PieceReport]:
+def compile_report() -> list[AotGraphReport]:
     """What the ``"cugraphrt"`` backend did with each piece still in use in this process.
 
     Returns
     -------
-    list of PieceReport
+    list of AotGraphReport
         In compilation order; a piece goes away with the compiled code dynamo drops
         (``torch._dynamo.reset()``).
     """
-    return [piece.report() for piece in live_pieces()]
+    return [piece.report() for piece in live_aot_graphs()]
 
 
 def format_compile_report() -> str:

@@ -105,7 +105,7 @@ def test_capture_begin_refuses_torch_pool_ids_and_bad_modes():
 # -- an adopted graph: the keep_graph / instantiate / replay states --------------------------
 
 class FakeReplay:
-    """What _Session hands over: torch's replay (on torch's stream, or on a given one)."""
+    """What _TorchCapture hands over: torch's replay (on torch's stream, or on a given one)."""
 
     def __init__(self):
         self.calls = []
@@ -128,7 +128,7 @@ def _adopted(graph_class, keep_graph: bool, exec_handle: int):
 
     g._captured, g._device = True, 0  # what Graph._end leaves after a successful capture
     replay = FakeReplay()
-    # What the adapter's capture does at its end (cugraphrt_torch.capture._Session.end).
+    # What the adapter's capture does at its end (cugraphrt_torch.capture._TorchCapture.end).
     adopted = getattr(g, "_adopted", None)
     core.adopt(g, object(), 0x400, exec_handle, route=replay if adopted is None else None,
                instantiate=instantiate)
@@ -229,7 +229,7 @@ def test_pool_out_of_memory_in_a_torch_capture_is_also_torchs():
 
 
 def test_a_capture_that_ran_out_of_pool_memory_raises_torchs_error():
-    session = capture._Session.__new__(capture._Session)
+    session = capture._TorchCapture.__new__(capture._TorchCapture)
     session.pool_error = PoolOutOfMemoryError(1 << 42, 0, 1 << 30, 80 << 30)
     session.failed = None
     error = session.error_for(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"))

@@ -14,19 +14,19 @@ torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
 from cugraphrt_torch import _output_check, dynamo  # noqa: E402
+from cugraphrt_torch._aot_graph import (  # noqa: E402
+    AotGraph,
+    AotGraphSettings,
+    _CopyIn,
+    _HandOut,
+    _Recording,
+)
 from cugraphrt_torch._output_check import (  # noqa: E402
     FIX_CLONE,
     FIX_COMPILE,
     FIX_COPY,
     checkable,
     make_check,
-)
-from cugraphrt_torch._piece import (  # noqa: E402
-    Piece,
-    PieceSettings,
-    _CopyIn,
-    _HandOut,
-    _Recording,
 )
 from cugraphrt_torch.framework import TORCH  # noqa: E402
 from cugraphrt_torch.module import GraphedModule  # noqa: E402
@@ -267,11 +267,11 @@ def test_a_chain_of_callables_marks_what_the_earlier_one_may_overwrite(marks):
 # -- torch.compile pieces -------------------------------------------------------------------
 
 def fake_piece(fn, sample, check_outputs=True):
-    """A Piece with one recording whose "replay" recomputes fn into its outputs; output 1
+    """A AotGraph with one recording whose "replay" recomputes fn into its outputs; output 1
     views the copied input buffer, as AOTAutograd's input views do."""
-    settings = PieceSettings(warmup=1, max_graphs=2, max_rerecords=0, copy_outputs=False,
+    settings = AotGraphSettings(warmup=1, max_graphs=2, max_rerecords=0, copy_outputs=False,
                              strict=False, check_outputs=check_outputs)
-    piece = Piece(lambda args: fn(*args), name="graph 0 inference", compiler="aot_eager",
+    piece = AotGraph(lambda args: fn(*args), name="graph 0 inference", compiler="aot_eager",
                   names=["x"], static=[], mutated=frozenset(), dynamic=False, reason=None,
                   settings=settings)
     buffer = sample.clone()
@@ -286,7 +286,7 @@ def fake_piece(fn, sample, check_outputs=True):
     piece._check = make_check(check_outputs, f"torch.compile piece '{piece.name}'", FIX_COMPILE,
                               order)
     seq = order.next_seq()
-    # What Piece._capture builds: output 0 lives in the pool, output 1 views the input.
+    # What AotGraph._capture builds: output 0 lives in the pool, output 1 views the input.
     hand_out = HandOut(outputs, TORCH, copy=False, check=piece._check, seq=seq, which=[0],
                        as_list=True)
     path = CallPath(_CopyIn([buffer], [0]), order, seq, FakeReplay(run).on_torch_stream,

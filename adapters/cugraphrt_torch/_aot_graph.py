@@ -29,12 +29,12 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 
+from ._aot_graph_buckets import AotGraphBuckets, static_addresses
 from ._output_check import FIX_COMPILE, checkable, make_check
-from ._piece_buckets import PieceBuckets, static_addresses
 from .capture import graph as _capture
 from .framework import TORCH
 
-__all__ = ["Piece", "PieceReport", "PieceSettings", "live_pieces", "shared_pool"]
+__all__ = ["AotGraph", "AotGraphReport", "AotGraphSettings", "live_aot_graphs", "shared_pool"]
 
 _Tensor = torch.Tensor
 
@@ -50,7 +50,7 @@ _foreach_copy = torch._foreach_copy_
 
 
 @dataclass(frozen=True)
-class PieceSettings:
+class AotGraphSettings:
     """The backend options a piece needs (validated by :mod:`cugraphrt_torch.dynamo`)."""
 
     warmup: int
@@ -63,7 +63,7 @@ class PieceSettings:
 
 
 @dataclass(frozen=True)
-class PieceReport:
+class AotGraphReport:
     """What the backend did with one piece.
 
     Attributes
@@ -149,7 +149,7 @@ class _HandOut:
         return self.outputs()
 
 
-class Piece:
+class AotGraph:
     """Runs one compiled AOT graph as cugraphrt graphs (see the module docstring).
 
     Called by AOTAutograd with a list of inputs (``_boxed_call``); returns the list of outputs.
@@ -157,8 +157,8 @@ class Piece:
 
     def __init__(self, compiled, *, name: str, compiler: str, names: Sequence[str],
                  static: Sequence[int], mutated: frozenset[int], dynamic: bool,
-                 reason: str | None, settings: PieceSettings,
-                 buckets: PieceBuckets | None = None, bucket_note: str | None = None) -> None:
+                 reason: str | None, settings: AotGraphSettings,
+                 buckets: AotGraphBuckets | None = None, bucket_note: str | None = None) -> None:
         # An instance attribute: AOTAutograd wraps the backward in torch._dynamo.disable,
         # whose functools.wraps copies the instance's __dict__, not its class attributes.
         self._boxed_call = True
@@ -268,7 +268,7 @@ class Piece:
         if self._buckets is not None:
             self._buckets.release()
 
-    # -- shape buckets (see _piece_buckets) ----------------------------------------------
+    # -- shape buckets (see _aot_graph_buckets) ----------------------------------------------
     def _bucketed(self, args: list):
         buckets = self._buckets
         assert buckets is not None
@@ -369,12 +369,12 @@ class Piece:
         return _Recording(cuda_graph, path, static_ptrs, copy_from, outputs)
 
     # -- report --------------------------------------------------------------------------
-    def report(self) -> PieceReport:
-        """This piece's :class:`PieceReport`."""
+    def report(self) -> AotGraphReport:
+        """This piece's :class:`AotGraphReport`."""
         buckets = self._buckets.captured() if self._buckets is not None else ()
         copied = self._copied or (tuple(self._names[i] for i in self._buckets.plan.copied)
                                   if self._buckets is not None else ())
-        return PieceReport(
+        return AotGraphReport(
             name=self.name, compiler=self.compiler,
             graphed=self._reason is None and bool(self._recordings or buckets),
             reason=self._reason, graphs=len(self._recordings) + len(buckets),
@@ -414,13 +414,13 @@ _lock = threading.Lock()
 _registry: list[weakref.ref] = []
 
 
-def _register(piece: Piece) -> None:
+def _register(piece: AotGraph) -> None:
     with _lock:
         _registry[:] = [ref for ref in _registry if ref() is not None]
         _registry.append(weakref.ref(piece))
 
 
-def live_pieces() -> list[Piece]:
+def live_aot_graphs() -> list[AotGraph]:
     """Pieces still in use (compiled code dynamo keeps), in the order they were compiled."""
     with _lock:
         return [piece for piece in (ref() for ref in _registry) if piece is not None]

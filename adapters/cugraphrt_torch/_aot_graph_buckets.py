@@ -33,7 +33,7 @@ from ._output_check import FIX_COMPILE, make_check
 from .capture import graph as _capture
 from .framework import TORCH
 
-__all__ = ["BucketPlan", "PieceBuckets", "plan_buckets"]
+__all__ = ["BucketPlan", "AotGraphBuckets", "plan_buckets"]
 
 _Tensor = torch.Tensor
 
@@ -151,7 +151,7 @@ def _output_dims(gm: torch.fx.GraphModule, symbol) -> tuple[int | None, ...] | s
 
 class _Calls:
     """What the bucket callbacks read: the plan, the compiled code and the current call's
-    arguments. Apart from :class:`PieceBuckets`, so that the core's callbacks do not hold
+    arguments. Apart from :class:`AotGraphBuckets`, so that the core's callbacks do not hold
     the object that holds the core (a cycle would keep the graphs until a collection)."""
 
     __slots__ = ("plan", "compiled", "probe_index", "probe_dim", "args")
@@ -189,8 +189,8 @@ class _Calls:
         return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
 
 
-class PieceBuckets:
-    """The bucket graphs of one piece; :class:`~cugraphrt_torch._piece.Piece` calls them.
+class AotGraphBuckets:
+    """The bucket graphs of one piece; :class:`~cugraphrt_torch._aot_graph.AotGraph` calls them.
 
     Built on the piece's first call that a bucket serves, from that call's tensors (the core
     samples the static buffers from them). Static inputs are read in place by every bucket's
