@@ -4,8 +4,7 @@ Without buckets, a piece that dynamo compiled with a dynamic size (its ``s0``) h
 recording per size it meets, up to ``max_graphs``, and runs further sizes eagerly. With
 ``options={"buckets": ...}`` an inference piece runs a call of size ``n`` on the graph of the
 smallest bucket ``>= n`` instead. The machinery is the core's
-(:class:`cugraphrt.adapter.Bucketed`: static buffers sized for the largest bucket,
-padding,
+(:class:`cugraphrt.adapter.Bucketed`: static buffers sized for the largest bucket, padding,
 one pool, outputs cut back to ``n``); this module reads off the AOT graph what it needs, which
 is exact where the other front ends must be told or guess:
 

@@ -1,8 +1,7 @@
 """graph_module with buckets: a torch module's forward graphed once per shape bucket.
 
 The bucket machinery is the core's (:mod:`cugraphrt._callables.buckets`); this module only says how
-torch
-tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
+torch tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
 captures its one shape: warm-up on the capture stream under ``torch.no_grad()``, then a
 capture owned by torch's ``CUDAGraph`` with memory from the shared cugraphrt pool.
 """

@@ -9,8 +9,7 @@ module reads the exception, its traceback and what is known about the capture (i
 stream, the kernels compiled during it, the other threads alive) and writes one
 :class:`CaptureError` that names the likely cause and the fix. The per-status texts live in
 :mod:`cugraphrt._cuda.runtime` (:func:`~cugraphrt._cuda.runtime.error_from_status`), the one place
-that maps
-CUDA statuses; this module only chooses among them and adds the context.
+that maps CUDA statuses; this module only chooses among them and adds the context.
 """
 
 from __future__ import annotations

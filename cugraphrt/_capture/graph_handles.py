@@ -2,8 +2,7 @@
 
 The executable and graph handles, the hold on the pool, what the capture must keep alive,
 and the launchers handed out (see :mod:`cugraphrt._capture.launcher`): a launcher must never launch
-an
-executable once it is destroyed, so releasing the handles kills the launchers first.
+an executable once it is destroyed, so releasing the handles kills the launchers first.
 """
 
 from __future__ import annotations

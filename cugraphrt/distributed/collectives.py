@@ -18,8 +18,7 @@ work, and what this module checks while a capture is underway:
   property: every rank must capture the same collectives in the same order, and replay the
   graphs in the same order. :class:`Collectives` records what each capture holds, and the
   graph's first replay compares it across the ranks (:mod:`cugraphrt.distributed.crossrank`):
-  through
-  ``store`` if one was given, else an eager NCCL all-gather of the records.
+  through ``store`` if one was given, else an eager NCCL all-gather of the records.
 * **Lifetime.** NCCL does not destroy a communicator while a graph that captured its
   operations is alive: :meth:`Collectives.close` releases those graphs, then destroys it.
 

@@ -3,8 +3,7 @@
 A graph whose capture recorded collectives (:mod:`cugraphrt.distributed.log`) gets a replay
 function of its own until its first replay, which exchanges the collectives with the other
 ranks (:func:`cugraphrt.distributed.crossrank.verify`) and then installs the steady replay: the
-plain
-launch, or, with a collective timeout set, the launch followed by one event for the
+plain launch, or, with a collective timeout set, the launch followed by one event for the
 watchdog (:mod:`cugraphrt.distributed.watchdog`). Graphs without collectives are never
 touched, and with the watchdog off the steady replay of a core graph is its plain launch.
 """
