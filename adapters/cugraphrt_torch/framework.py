@@ -38,9 +38,7 @@ class TorchFramework:
     def same_layout(value: torch.Tensor, static: torch.Tensor) -> bool:
         return value.stride() == static.stride()
 
-    @staticmethod
-    def copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.copy_(src)
+    copy = staticmethod(_Tensor.copy_)  # copy(dst, src): C-level, on the current stream
 
     @staticmethod
     def fill(rows: torch.Tensor, value: float) -> None:

@@ -54,8 +54,8 @@ class Framework(Protocol):
         """For ``value`` at ``static``'s address: whether it is ``static`` laid out alike
         (strides), so that no copy is needed."""
 
-    def copy(self, dst: Any, src: Any) -> None:
-        """Copy ``src`` into ``dst`` on the current stream (they may overlap)."""
+    def copy(self, dst: Any, src: Any) -> object:
+        """Copy ``src`` into ``dst`` on the current stream (what it returns is ignored)."""
 
     def fill(self, rows: Any, value: float) -> None:
         """Fill ``rows`` with ``value`` on the current stream."""
