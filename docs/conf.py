@@ -8,6 +8,8 @@ before Sphinx reads anything, so this file lists no name.
 
 from __future__ import annotations
 
+import inspect
+import operator
 import sys
 from pathlib import Path
 
@@ -77,6 +79,16 @@ def _no_type_docstring(app, what, name, obj, options, lines: list) -> None:
         lines.clear()
 
 
+def _skip_foreign_functions(app, what, name, obj, skip, options):
+    """Skip a member bound to another library's C function (``TorchFramework.copy`` is
+    ``torch.Tensor.copy_``, a framework's ``signature`` an ``operator.attrgetter``): its
+    docstring is that library's, not ours to render."""
+    foreign = (inspect.isbuiltin(obj) or inspect.ismethoddescriptor(obj)
+               or isinstance(obj, operator.attrgetter))
+    return True if foreign and what == "class" else skip
+
+
 def setup(app) -> None:
+    app.connect("autodoc-skip-member", _skip_foreign_functions)
     app.connect("autodoc-process-bases", _public_bases)
     app.connect("autodoc-process-docstring", _no_type_docstring)
