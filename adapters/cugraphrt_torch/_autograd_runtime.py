@@ -87,13 +87,10 @@ class GraphedCallable:
         self._nargs = args.num_args
         self._direct = outputs.is_direct
         self._guard = guard
-        self._fwd_seq = forward_seq
         self._bwd_seq = backward_seq
-        self._fwd_replay = _replayer(forward_graph)
         self._bwd_replay = _replayer(backward_graph) if backward_graph is not None else None
         self._params = tuple(params)
         self._grad_indices = args.grad_indices
-        self._autocast = autocast
         check = check if outputs.statics else None
         if check is not None:
             check.names = [outputs.paths[p] for p in outputs.positions]
@@ -120,7 +117,7 @@ class GraphedCallable:
         # settle the pool's order, replay on torch's current stream, hand out. Its steps
         # reach none of this object (the Function reaches it weakly, see _function_for).
         self._steps = _ForwardSteps(name, args, outputs, autocast, check, forward_seq)
-        self._forward = CallPath(self._steps.load, guard, forward_seq, self._fwd_replay,
+        self._forward = CallPath(self._steps.load, guard, forward_seq, _replayer(forward_graph),
                                  self._steps.hand_out)
         self._backward_path = None
         if self._bwd_replay is not None:

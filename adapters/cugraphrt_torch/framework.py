@@ -9,6 +9,7 @@ operations in :mod:`._output_check`, the capture in :mod:`.capture`.
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager
 from operator import attrgetter
 from typing import Any
@@ -64,15 +65,16 @@ class TorchFramework:
 
     # -- outputs: the check marks tensors read after an overwrite (see _output_check) --------
 
-    @staticmethod
-    def _outputs() -> _output_check.TorchOutputs:
+    @functools.cached_property
+    def _outputs(self) -> _output_check.TorchOutputs:
+        # Which marking this torch build offers is read once, on the first hand-out.
         return _output_check.TorchOutputs(by_storage=_output_check.available() == "storage")
 
     def hand_out(self, static: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        return self._outputs().hand_out(static)
+        return self._outputs.hand_out(static)
 
     def expire(self, held: Any, message: str, arguments: Any) -> None:
-        self._outputs().expire(held, message, arguments)
+        self._outputs.expire(held, message, arguments)
 
     @staticmethod
     def message(what: str, fix: str) -> str:

@@ -212,7 +212,6 @@ class GraphedModule:
         self._num_inputs = len(static_inputs)
         # Copying into a static input must not record autograd history: detached buffers.
         statics = [t.detach() for t in static_inputs]
-        self._statics = statics
         which = None
         if check is not None:
             leaves, _, _ = _tree.flatten(outputs, "output")
@@ -238,7 +237,7 @@ class GraphedModule:
         try:
             return self._path(args)
         except Mismatch as exc:
-            return self._mismatch(("input", exc.index, exc.value), args)
+            return self._mismatch(("input", exc.index, exc.static, exc.value), args)
 
     def _mismatch(self, reason: tuple, args: tuple):
         key, message = self._describe(reason, args)
@@ -261,8 +260,7 @@ class GraphedModule:
         if kind == "count":
             return ("count",), (f"the graph was captured with {self._num_inputs} inputs (got "
                                 f"{len(args)})")
-        _, index, value = reason
-        static = self._statics[index]
+        _, index, static, value = reason
         if not isinstance(value, _Tensor):
             return ("type", index), (f"argument {index} is not a tensor (expected a tensor "
                                      f"like {_fmt(static)}, got {type(value).__name__})")

@@ -118,11 +118,6 @@ class CopyIn:
         self._copy = framework.copy
         self._clone = framework.clone
 
-    @property
-    def statics(self) -> tuple:
-        """The static arrays, in argument order."""
-        return tuple(static for _, static, _, _, _ in self._arrays)
-
     def __call__(self, leaves: Sequence[Any]) -> None:
         signature, address = self._signature, self._address
         for index, static, at, expected, path in self._arrays:
