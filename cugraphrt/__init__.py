@@ -14,6 +14,7 @@ from cugraphrt._capture.graphs import hooks as _hooks
 from cugraphrt._capture.launcher import Launcher
 from cugraphrt._capture.stream import Stream, StreamGraph
 from cugraphrt._capture.stream_capture import is_current_stream_capturing
+from cugraphrt._control.bodies import BodyNodes
 from cugraphrt._control.loops import cond, while_loop
 from cugraphrt._libraries.capture_setup import prepare_capture as _prepare_capture
 from cugraphrt._memory.pool import (
@@ -53,7 +54,7 @@ _hooks.arm_collectives = _arm_graph
 __version__ = "0.1.0"
 
 __all__ = [
-    "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
+    "BodyNodes", "BucketStat", "BucketStats", "BucketedFunction", "CaptureError", "CaptureOptions",
     "CollectiveTimeoutError",
     "CugraphrtError", "DeviceStats", "GeneratorState", "Graph", "GraphedFunction",
     "MakeGraphedOptions", "MemPool", "OptionsError", "OverwrittenOutputError", "PoolOrderError",

@@ -50,6 +50,7 @@ from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture.graphs import Graph
 from cugraphrt._capture.graphs import _resolve_pool as resolve_pool
 from cugraphrt._capture.stream_capture import Capture
+from cugraphrt._control import bodies as _bodies
 from cugraphrt._control import loops as _loops
 from cugraphrt._control.loops import Frontend as ControlFrontend
 from cugraphrt._cuda import runtime as _runtime
@@ -202,12 +203,15 @@ diagnose = SimpleNamespace(
 
 #: Building device-side loops and branches for a framework (with :class:`ControlFrontend`):
 #: ``check_loop_args``, ``check_branch_args``, ``active_capture``,
-#: ``run_eagerly``, ``capture_while``, ``capture_cond``.
+#: ``run_eagerly``, ``capture_while``, ``capture_cond``; and for a framework's collectives,
+#: ``collective_call`` (wrap the issue of each one: inside a body, what NCCL adds that a
+#: body cannot hold is taken out) and ``scope`` (the bodies work lands in now).
 control = SimpleNamespace(
     check_loop_args=_loops.check_loop_args,
     check_branch_args=_loops.check_branch_args, active_capture=_loops.active_capture,
     run_eagerly=_loops.run_eagerly, capture_while=_loops.capture_while,
-    capture_cond=_loops.capture_cond,
+    capture_cond=_loops.capture_cond, collective_call=_bodies.collective_call,
+    scope=_bodies.scope,
 )
 
 #: Collectives recorded into captures: ``Collective``, ``log_for``, ``track``,

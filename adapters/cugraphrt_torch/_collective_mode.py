@@ -28,6 +28,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from cugraphrt.adapter import collectives as _collectives
+from cugraphrt.adapter import control as _control
 
 from . import _torch
 
@@ -142,11 +143,14 @@ class _Recorder(TorchDispatchMode):
         for t in types:
             if getattr(t, "__torch_dispatch__", _TENSOR_DISPATCH) is not _TENSOR_DISPATCH:
                 return NotImplemented
-        out = func(*args, **(kwargs or {}))
-        if func.namespace in _NAMESPACES:
-            collective = describe_op(func, args)
-            if collective is not None:
-                _collectives.log_for(self.capture, TorchExchanger()).add(collective)
+        collective = describe_op(func, args) if func.namespace in _NAMESPACES else None
+        if collective is None:
+            return func(*args, **(kwargs or {}))
+        # In a loop or branch body, the core takes out the event nodes NCCL adds (a body
+        # cannot hold them): it must see them added.
+        with _control.collective_call(collective.describe()):
+            out = func(*args, **(kwargs or {}))
+        _collectives.log_for(self.capture, TorchExchanger()).add(collective)
         return out
 
 

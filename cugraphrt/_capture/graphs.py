@@ -91,6 +91,7 @@ class Graph:
         self._route: Callable[..., None] | None = None
         self._orphan_guard: weakref.finalize | None = None
         self._device = -1  # the device of the capture; -1 before the first one
+        self._bodies: tuple = ()
 
     # -- capture ---------------------------------------------------------------------------
 
@@ -182,6 +183,7 @@ class Graph:
         handles = self._handles
         handles.pool, handles.seq, handles.keepalive = capture.pool, seq, capture.keepalive
         handles.graph = handle
+        self._bodies = tuple(capture.bodies)
         self._captured = True
         if _cuda.graph_node_count(handle) == 0:
             # "The CUDA Graph is empty" is PyTorch's wording, which code and tests match on.
@@ -466,6 +468,13 @@ class Graph:
             Without ``keep_graph=True`` or before :meth:`capture_end`.
         """
         _cuda.debug_dot_print(self.raw_graph, str(path))
+
+    @property
+    def body_nodes(self) -> tuple:
+        """What each loop or branch body of the latest capture holds, in capture order: a
+        tuple of ``BodyNodes(label, kinds, taken_out)`` (the body, its node kinds sorted, and
+        how many event nodes of collectives were taken out of it; see docs/distributed.md)."""
+        return self._bodies
 
     @property
     def raw_graph(self) -> int:

@@ -34,7 +34,8 @@ class Capture:
 
     __slots__ = ("stream", "stream_ptr", "capture_id", "pool", "mode", "token", "streams",
                  "finish_hooks", "abort_hooks", "keepalive", "aborted_by", "device_id",
-                 "notes", "body_ids", "keep_graph_on_abort", "collectives", "__weakref__")
+                 "notes", "body_ids", "keep_graph_on_abort", "collectives", "bodies",
+                 "__weakref__")
 
     def __init__(self, stream, capture_id: int, pool: MemPool, mode: str, device_id: int,
                  token: object) -> None:
@@ -66,6 +67,8 @@ class Capture:
         self.body_ids: set[int] = set()
         # The collectives recorded into this capture (cugraphrt.distributed.log), if any.
         self.collectives: Any = None
+        # What each conditional body holds, in capture order (cugraphrt._control.bodies).
+        self.bodies: list = []
 
 
 class _ThreadCaptures(threading.local):

@@ -14,7 +14,6 @@ address across iterations and replays); allocations in bodies come from the capt
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -23,6 +22,7 @@ import numpy as np
 
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._control import bodies as _bodies
 from cugraphrt._cuda import conditional as _conditional
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.errors import CaptureError, OptionsError
@@ -30,6 +30,7 @@ from cugraphrt.errors import CaptureError, OptionsError
 __all__ = ["while_loop", "cond"]
 
 _NO_LIMIT = np.iinfo(np.int64).max
+_COND_LABELS = ("cond body", "cond else body")
 _HOST_ADVICE = ("a body is replayed by the device, which never returns to the host: compute "
                 "conditions as device arrays in cond_fn, and read results after replay()")
 
@@ -199,10 +200,12 @@ def capture_while(capture: _capture.Capture, cond_fn, body_fn, limit: int,
         (handle,) = _conditional.create_handles(stream_ptr, 1)
         _conditional.set_condition((handle, None), pred, count, limit, start=True)
         (body,) = _conditional.add_node(stream_ptr, handle, "while", 1)
-        with _body(capture, body, frontend, "while_loop"):
+        with _body(capture, body, frontend, "while_loop", "while_loop body") as opened:
             body_fn()
             pred = _predicate(cond_fn(), "cond_fn()", capture)
-            _conditional.set_condition((handle, None), pred, count, limit, start=False)
+            # A body with collectives can be stopped (see bodies: the watchdog ends it).
+            _conditional.set_condition((handle, None), pred, count, limit, start=False,
+                                       stoppable=opened.collectives > 0)
     return count
 
 
@@ -217,17 +220,17 @@ def capture_cond(capture: _capture.Capture, pred: cupy.ndarray, true_fn, false_f
             _conditional.set_condition((handle, None), pred, None, 0, start=False)
             bodies = _conditional.add_node(stream_ptr, handle, "if",
                                            1 if false_fn is None else 2)
-            for body, fn in zip(bodies, (true_fn, false_fn), strict=False):
-                with _body(capture, body, frontend, "cond"):
+            for body, fn, label in zip(bodies, (true_fn, false_fn), _COND_LABELS, strict=False):
+                with _body(capture, body, frontend, "cond", label):
                     fn()
             return
         # Both handles are set by one kernel, before either branch runs: the true branch
         # may change what pred reads.
         handles = _conditional.create_handles(stream_ptr, 2)
         _conditional.set_condition((handles[0], handles[1]), pred, None, 0, start=False)
-        for handle, fn in zip(handles, (true_fn, false_fn), strict=True):
+        for handle, fn, label in zip(handles, (true_fn, false_fn), _COND_LABELS, strict=True):
             (body,) = _conditional.add_node(stream_ptr, handle, "if", 1)
-            with _body(capture, body, frontend, "cond"):
+            with _body(capture, body, frontend, "cond", label):
                 fn()
 
 
@@ -260,29 +263,23 @@ def _describe(value) -> str:
     return f"{kind}" + (f" of shape {tuple(shape)}" if shape is not None else "")
 
 
-class _Bodies(threading.local):
-    """This thread's bodies being captured, innermost last: (capture, body stream)."""
-
-    def __init__(self) -> None:
-        self.stack: list[tuple[_capture.Capture, int]] = []
-
-
-_bodies = _Bodies()
-
-
 @contextlib.contextmanager
-def _body(capture: _capture.Capture, graph, frontend: Frontend, kind: str) -> Iterator[None]:
-    """Capture the block into a conditional node's body graph, on a body stream."""
-    stack = _bodies.stack
+def _body(capture: _capture.Capture, graph, frontend: Frontend, kind: str,
+          label: str) -> Iterator[_bodies.Body]:
+    """Capture the block into a conditional node's body graph, on a body stream; then take
+    out what a collective added that a body cannot hold (see :mod:`.bodies`)."""
+    stack = _bodies.open_bodies()
     stream = _conditional.body_stream(capture.device_id, len(stack))
     ptr = stream.ptr
     body_id = _conditional.begin_body(ptr, graph, capture.mode)
     _capture.attach_body(capture, ptr, body_id)
-    stack.append((capture, ptr))
+    body = _bodies.Body(capture, ptr, graph, label)
+    stack.append(body)
     try:
         with stream, frontend.enter(capture, stream, body_id, kind):
-            yield
+            yield body
         _conditional.end_body(ptr)
+        _bodies.finish(body)
     except BaseException:
         if _conditional.abandon_body(ptr):
             capture.keep_graph_on_abort = True
@@ -304,8 +301,8 @@ def _rollback_on_error(capture: _capture.Capture, frontend: Frontend,
         yield
     except BaseException as exc:
         error = _body_error(exc, capture, frontend, kind)
-        for _, open_ptr in reversed(_bodies.stack):
-            if _conditional.abandon_body(open_ptr):
+        for body in reversed(_bodies.open_bodies()):
+            if _conditional.abandon_body(body.stream_ptr):
                 capture.keep_graph_on_abort = True
         _capture.abort(capture, error)
         if error is exc:

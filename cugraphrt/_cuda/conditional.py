@@ -27,8 +27,8 @@ from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.errors import CaptureError
 
 __all__ = ["versions", "require", "create_handles", "add_node", "begin_body", "end_body",
-           "abandon_body", "set_condition", "body_stream", "if_else_supported", "MIN_VERSION",
-           "IF_ELSE_VERSION"]
+           "abandon_body", "set_condition", "stop_loops", "body_stream", "if_else_supported",
+           "MIN_VERSION", "IF_ELSE_VERSION", "driver_api", "unpack"]
 
 #: CUDA version (driver and runtime) with IF and WHILE conditional nodes.
 MIN_VERSION = 12040
@@ -39,7 +39,10 @@ IF_ELSE_VERSION = 12080
 # cudaGraphSetConditional calls undefined. It reads the predicate's bytes (any width of bool
 # or integer is nonzero exactly when one of its bytes is), keeps the loop's iteration count
 # and applies max_iters, and sets an else handle to the negation when a node has no else body
-# of its own. cudaGraphSetConditional is a builtin that ptxas resolves: no -rdc, no headers.
+# of its own. With ``stop`` (the process's stop flag in pinned host memory, see stop_loops),
+# a set flag ends the loop: given to loops whose bodies hold collectives, so that a loop whose
+# peers stopped can be ended. cudaGraphSetConditional is a builtin that ptxas resolves: no
+# -rdc, no headers.
 _SOURCE = r"""
 extern "C" __device__ void cudaGraphSetConditional(unsigned long long handle,
                                                    unsigned int value);
@@ -47,7 +50,7 @@ extern "C" __device__ void cudaGraphSetConditional(unsigned long long handle,
 extern "C" __global__ void cgrt_set_condition(
         unsigned long long handle, unsigned long long else_handle,
         const unsigned char* pred, int itemsize,
-        long long* count, long long max_iters, int start) {
+        long long* count, long long max_iters, int start, const volatile int* stop) {
     bool value = false;
     for (int i = 0; i < itemsize; ++i) value = value || pred[i] != 0;
     if (count != nullptr) {
@@ -55,6 +58,7 @@ extern "C" __global__ void cgrt_set_condition(
         count[0] = n;
         value = value && n < max_iters;
     }
+    if (stop != nullptr && *stop != 0) value = false;
     cudaGraphSetConditional(handle, value ? 1u : 0u);
     if (else_handle != 0ull) cudaGraphSetConditional(else_handle, value ? 0u : 1u);
 }
@@ -65,7 +69,7 @@ _lock = threading.Lock()
 _NO_COUNT = 0
 
 
-def _bindings():
+def driver_api():
     """``cuda.bindings.driver``, or a CaptureError that says how to install it."""
     try:
         from cuda.bindings import driver
@@ -89,7 +93,7 @@ def versions() -> tuple[int, int]:
 def require(what: str) -> None:
     """Raise CaptureError unless cuda-bindings, the driver and CuPy's runtime have
     conditional nodes."""
-    _bindings()
+    driver_api()
     driver_version, runtime_version = versions()
     for name, found in (("driver", driver_version), ("CUDA runtime of CuPy", runtime_version)):
         if found < MIN_VERSION:
@@ -109,7 +113,7 @@ def if_else_supported() -> bool:
 
 def _api():
     """The four capture calls, by their names in this cuda-bindings (13 renamed them)."""
-    driver = _bindings()
+    driver = driver_api()
     import cuda.bindings
 
     if int(cuda.bindings.__version__.split(".")[0]) >= 13:
@@ -119,7 +123,7 @@ def _api():
             driver.cuStreamUpdateCaptureDependencies_v2)
 
 
-def _check(result, call: str):
+def unpack(result, call: str):
     """Unpack a cuda-bindings result tuple, routing its status through error_from_status."""
     status = int(result[0])
     if status != _cuda.SUCCESS:
@@ -135,9 +139,9 @@ def create_handles(stream_ptr: int, count: int) -> list:
     of one is what the condition kernel gets.
     """
     driver, get_info, _, _ = _api()
-    _, _, graph, *_ = _check(get_info(stream_ptr), "cuStreamGetCaptureInfo")
-    ctx = _check(driver.cuStreamGetCtx(stream_ptr), "cuStreamGetCtx")
-    return [_check(driver.cuGraphConditionalHandleCreate(graph, ctx, 0, 0),
+    _, _, graph, *_ = unpack(get_info(stream_ptr), "cuStreamGetCaptureInfo")
+    ctx = unpack(driver.cuStreamGetCtx(stream_ptr), "cuStreamGetCtx")
+    return [unpack(driver.cuGraphConditionalHandleCreate(graph, ctx, 0, 0),
                    "cuGraphConditionalHandleCreate") for _ in range(count)]
 
 
@@ -147,11 +151,11 @@ def add_node(stream_ptr: int, handle, kind: str, bodies: int) -> list:
     ``kind`` is ``"while"`` or ``"if"``; ``bodies`` is 1, or 2 for an IF with an else body.
     """
     driver, get_info, add, update = _api()
-    status, _, graph, deps, edges, count = _check(get_info(stream_ptr), "cuStreamGetCaptureInfo")
+    status, _, graph, deps, edges, count = unpack(get_info(stream_ptr), "cuStreamGetCaptureInfo")
     if int(status) != _cuda.STATUS_ACTIVE:
         raise CaptureError(f"the stream 0x{stream_ptr:x} is not capturing (got capture status "
                            f"{int(status)}); call this inside a cugraphrt capture")
-    ctx = _check(driver.cuStreamGetCtx(stream_ptr), "cuStreamGetCtx")
+    ctx = unpack(driver.cuStreamGetCtx(stream_ptr), "cuStreamGetCtx")
     params = driver.CUgraphNodeParams()
     params.type = driver.CUgraphNodeType.CU_GRAPH_NODE_TYPE_CONDITIONAL
     params.conditional.handle = handle
@@ -160,21 +164,21 @@ def add_node(stream_ptr: int, handle, kind: str, bodies: int) -> list:
                                else types.CU_GRAPH_COND_TYPE_IF)
     params.conditional.size = bodies
     params.conditional.ctx = ctx
-    node = _check(add(graph, deps, edges, count, params), "cuGraphAddNode")
+    node = unpack(add(graph, deps, edges, count, params), "cuGraphAddNode")
     flags = driver.CUstreamUpdateCaptureDependencies_flags.CU_STREAM_SET_CAPTURE_DEPENDENCIES
-    _check(update(stream_ptr, [node], None, 1, flags), "cuStreamUpdateCaptureDependencies")
+    unpack(update(stream_ptr, [node], None, 1, flags), "cuStreamUpdateCaptureDependencies")
     # The node owns its bodies: they are destroyed with the graph, never by us.
     return [params.conditional.phGraph_out[i] for i in range(bodies)]
 
 
 def begin_body(stream_ptr: int, body_graph, mode: str) -> int:
     """Begin capturing into a node's body graph on a body stream; returns the capture id."""
-    driver = _bindings()
+    driver = driver_api()
     modes = driver.CUstreamCaptureMode
     chosen = {"global": modes.CU_STREAM_CAPTURE_MODE_GLOBAL,
               "thread_local": modes.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
               "relaxed": modes.CU_STREAM_CAPTURE_MODE_RELAXED}[mode]
-    _check(driver.cuStreamBeginCaptureToGraph(stream_ptr, body_graph, None, None, 0, chosen),
+    unpack(driver.cuStreamBeginCaptureToGraph(stream_ptr, body_graph, None, None, 0, chosen),
            "cuStreamBeginCaptureToGraph")
     return _cuda.capture_info(stream_ptr)[1]
 
@@ -185,8 +189,8 @@ def end_body(stream_ptr: int) -> None:
     Raises the CUDA status (a fork not joined back, an invalidated capture) as a cugraphrt
     error; the stream stops capturing either way.
     """
-    driver = _bindings()
-    _check(driver.cuStreamEndCapture(stream_ptr), "cuStreamEndCapture")
+    driver = driver_api()
+    unpack(driver.cuStreamEndCapture(stream_ptr), "cuStreamEndCapture")
 
 
 def abandon_body(stream_ptr: int) -> bool:
@@ -200,7 +204,7 @@ def abandon_body(stream_ptr: int) -> bool:
         status = _cuda.capture_info(stream_ptr)[0]
         if status == _cuda.STATUS_NONE:
             return False
-        driver = _bindings()
+        driver = driver_api()
         err = driver.cuStreamEndCapture(stream_ptr)[0]
         return status != _cuda.STATUS_ACTIVE or err != driver.CUresult.CUDA_SUCCESS
     except Exception:  # noqa: BLE001 - the enclosing capture is rolled back anyway
@@ -208,12 +212,14 @@ def abandon_body(stream_ptr: int) -> bool:
 
 
 def set_condition(handles: tuple, pred: cupy.ndarray, count: cupy.ndarray | None,
-                  max_iters: int, start: bool) -> None:
+                  max_iters: int, start: bool, stoppable: bool = False) -> None:
     """Launch the condition kernel on the current stream (captured: it runs on every replay).
 
     ``handles`` is (handle, else handle or None). With ``count`` (a 0-d int64 array), the
     condition is also false once ``count`` reaches ``max_iters``: ``start`` zeroes the count
-    (before a loop), otherwise it is incremented (at the end of each iteration).
+    (before a loop), otherwise it is incremented (at the end of each iteration). With
+    ``stoppable``, it is also false once :func:`stop_loops` was called (one read of pinned
+    host memory per evaluation).
     """
     kernel = _kernel(pred.device.id)
     handle, else_handle = handles
@@ -221,7 +227,34 @@ def set_condition(handles: tuple, pred: cupy.ndarray, count: cupy.ndarray | None
                         np.uint64(0 if else_handle is None else int(else_handle)), pred,
                         np.int32(pred.itemsize),
                         count if count is not None else np.uint64(_NO_COUNT),
-                        np.int64(max_iters), np.int32(1 if start else 0)))
+                        np.int64(max_iters), np.int32(1 if start else 0),
+                        np.uint64(_stop_flag().ctypes.data if stoppable else 0)))
+
+
+_stop: list = []  # [the pinned memory, an int32 view of it], made on first use
+
+
+def _stop_flag() -> np.ndarray:
+    """The process's stop flag: one int32 in pinned host memory, which every device reads
+    through unified addressing (the host pointer is the device pointer)."""
+    if not _stop:
+        with _lock, _cuda.relaxed_capture_mode():  # made inside a capture, on first use
+            if not _stop:
+                memory = cupy.cuda.alloc_pinned_memory(4)
+                flag = np.frombuffer(memory, dtype=np.int32, count=1)
+                flag[0] = 0
+                _stop.extend((memory, flag))
+    return _stop[1]
+
+
+def stop_loops(stop: bool = True) -> None:
+    """End every stoppable loop at its next condition (``stop=False`` lets them run again).
+
+    The collective watchdog calls it when it aborts a communicator: a loop whose body holds
+    collectives would otherwise run on forever on a rank whose peers stopped.
+    """
+    if _stop:  # made with the first stoppable loop: before it, no loop reads it
+        _stop[1][0] = 1 if stop else 0
 
 
 def _kernel(device_id: int) -> cupy.RawKernel:

@@ -8,10 +8,14 @@ list of samples per system.
 
 * ``ddp``: a data-parallel training step (MLP 8x256, batch 32 per rank, Adam): eager DDP
   against the whole step, DDP's all-reduce included, as one cugraphrt graph per rank.
-* ``tp``: a decode step of a 2-way tensor-parallel Llama-style decoder
+* ``tp``: a decode step of a tensor-parallel Llama-style decoder over every rank
   (:mod:`cugraphrt.bench.tp_decoder`: 4 layers, bf16, two all-reduces per layer): eager,
   torch's own CUDA graph, cugraphrt, and cugraphrt with the hang watchdog on (what it
   costs).
+* ``cg``: a conjugate-gradient solve to tolerance with the matrix split by rows
+  (:mod:`cugraphrt.bench.dist_cg`, CuPy NCCL): eager with the host reading the residual
+  after every iteration, a graph of one iteration replayed by that host loop, and the whole
+  solve as one launch (``cugraphrt.while_loop``, both collectives inside its body).
 
 Each system's step is kept as a replay handle only (``functools.partial(g.replay, ...)``,
 with ``g`` rebound per system), as user code keeps them. Both rows end by checking that the
@@ -37,6 +41,9 @@ __all__ = ["main", "DDP_SYSTEMS", "TP_SYSTEMS"]
 
 DDP_SYSTEMS = ("ddp_eager", "cugraphrt_step")
 TP_SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_watched")
+CG_SYSTEMS = ("eager_check_1", "replay_check_1", "while_loop")
+#: The CG system: unknowns, tolerance (about 60 iterations), solves per timed batch.
+CG_N, CG_TOL, _CG_SOLVES = 1024, 1e-8, 5
 _LAYERS, _WIDTH, _BATCH = 8, 256, 32
 _STEPS, _WARMUP = 50, 11  # DDP needs 11 eager steps before its capture
 _REPEATS = MIN_ROUNDS
@@ -172,6 +179,50 @@ def _tp(torch: Any, rank: int, world: int, device: Any, loops: tuple[int, int]
     return samples
 
 
+def _cg(torch: Any, rank: int, world: int, device: Any, loops: tuple[int, int]
+        ) -> dict[str, Any]:
+    import cupy
+    import torch.distributed as dist
+    from cupy.cuda import nccl
+
+    import cugraphrt
+    from cugraphrt.distributed import Collectives
+
+    from .dist_cg import DistributedCG, system
+
+    uid = [nccl.get_unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(uid, src=0)
+    with cupy.cuda.Device(device.index):
+        coll = Collectives(nccl.NcclCommunicator(world, uid[0], rank))
+        a, b = system(CG_N, seed=3)
+        cg = DistributedCG(coll, a, b, CG_TOL)
+        want = cg.solve_host()  # eager, and the collectives' warm-up
+        want_x = cg.x.copy()
+        one = cugraphrt.Graph()
+        with cugraphrt.graph(one):
+            cg.step()
+        whole = cugraphrt.Graph()
+        with cugraphrt.graph(whole):
+            count = cg.solve_while_loop()
+        solves: dict[str, Callable[[], Any]] = {"eager_check_1": cg.solve_host,
+                  "replay_check_1": functools.partial(cg.solve_host, one.replay),
+                  "while_loop": whole.replay}
+        # Iterations and iterates equal to eager's, for both graphs, before any timing.
+        for name in CG_SYSTEMS[1:]:
+            got = solves[name]()
+            cupy.cuda.get_current_stream().synchronize()
+            iterations = int(count) if got is None else got
+            if iterations != want or not bool((cg.x == want_x).all() if world <= 2 else
+                                              cupy.allclose(cg.x, want_x, rtol=1e-12)):
+                raise AssertionError(f"dist_cg {name}: {iterations} iterations (eager "
+                                     f"{want}), iterates equal: {bool((cg.x == want_x).all())}")
+        samples = _interleaved(torch, {n: solves[n] for n in CG_SYSTEMS},
+                               (min(loops[0], _CG_SOLVES), loops[1]))
+        del one, whole  # before the communicator goes (NCCL waits for graphs that hold it)
+        coll.close()
+    return samples
+
+
 def main(check: bool = False) -> None:
     """Join the group, measure, report on rank 0 (``check``: every rank says OK), leave."""
     import torch
@@ -185,7 +236,8 @@ def main(check: bool = False) -> None:
     check_capture()
     rank, world = dist.get_rank(), dist.get_world_size()
     loops = (_CHECK_STEPS, _CHECK_REPEATS) if check else (_STEPS, _REPEATS)
-    results = {"ddp": _ddp(torch, device, loops), "tp": _tp(torch, rank, world, device, loops)}
+    results = {"ddp": _ddp(torch, device, loops), "tp": _tp(torch, rank, world, device, loops),
+               "cg": _cg(torch, rank, world, device, loops)}
     if check:
         print(f"OK bench-child rank={rank}", flush=True)
     elif rank == 0:

@@ -57,16 +57,16 @@ def _real_workloads() -> tuple[Workload, ...]:
 
 
 def _distributed_workloads() -> tuple[Workload, ...]:
-    from .workloads_distributed import DDP, TP_DECODE
+    from .workloads_distributed import DDP, DIST_CG, TP_DECODE
 
-    return (DDP, TP_DECODE)
+    return (DDP, TP_DECODE, DIST_CG)
 
 
 #: Every workload, in run order.
 WORKLOADS: tuple[Workload, ...] = _workloads()
 #: What ``--real`` selects: the real-model workloads, side by side with their anchors.
 REAL_NAMES: tuple[str, ...] = tuple(w.name for w in _real_workloads())
-#: What ``--distributed`` selects: the multi-GPU workloads (torchrun, 2 GPUs).
+#: What ``--distributed`` selects: the multi-GPU workloads (torchrun, every GPU).
 DISTRIBUTED_NAMES: tuple[str, ...] = tuple(w.name for w in _distributed_workloads())
 
 

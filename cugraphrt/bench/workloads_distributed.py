@@ -1,7 +1,9 @@
-"""Multi-GPU workloads on 2 GPUs: graphed data parallelism and a tensor-parallel decode step.
+"""Multi-GPU workloads: graphed data parallelism, a tensor-parallel decode step, and a
+distributed conjugate-gradient solve in one launch.
 
 ``cugraphrt bench --distributed`` starts :mod:`cugraphrt.bench.distributed_child` once under
-torchrun (2 ranks) and fills two rows from it, side by side:
+torchrun, one rank per GPU present (:func:`world_size`: 2, 4 or 8), and fills three rows from
+it, side by side:
 
 * ``ddp``: one training step of a launch-bound MLP (8 layers of 256, batch 32 per rank,
   Adam): eager DDP against the whole step, DDP's all-reduce included, as one cugraphrt graph
@@ -10,24 +12,33 @@ torchrun (2 ranks) and fills two rows from it, side by side:
   bf16, an all-reduce after attention and after the MLP of each layer): eager, torch's own
   CUDA graph, cugraphrt, and cugraphrt with the hang watchdog on. Targets: cugraphrt within
   1.05x of torch's graph, and at least 3x faster than eager.
+* ``dist_cg``: conjugate gradient to tolerance, the matrix split by rows
+  (:mod:`cugraphrt.bench.dist_cg`, CuPy NCCL, one all-reduce and one all-gather per
+  iteration): eager with the host checking the residual after every iteration, a graph of
+  one iteration replayed by that host loop, and the whole solve as one launch with both
+  collectives inside a ``cugraphrt.while_loop`` body. Target: the one launch at most 0.33x
+  the host-checked eager loop.
 
 The launch runs under a deadline (:mod:`cugraphrt.bench.torchrun`): a hang becomes a failed
 cell, with every rank's Python stacks on stderr. n/a with fewer than 2 GPUs or without
-torch; skipped in ``--quick`` unless selected.
+torch; skipped in ``--quick`` unless selected. ``CUGRAPHRT_WORLD`` sets the ranks.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+from collections.abc import Mapping
 
 from . import torchrun as launcher
-from .distributed_child import DDP_SYSTEMS, TP_SYSTEMS
+from .distributed_child import CG_N, CG_SYSTEMS, CG_TOL, DDP_SYSTEMS, TP_SYSTEMS
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import summarize
 
-__all__ = ["DDP", "TP_DECODE", "WORLD", "DEADLINE_S", "gpu_count"]
+__all__ = ["DDP", "TP_DECODE", "DIST_CG", "WORLD", "DEADLINE_S", "gpu_count", "world_size"]
 
+#: The fewest ranks a distributed row runs on.
 WORLD = 2
 #: Seconds the launch may take before its ranks dump their stacks and it fails.
 DEADLINE_S = 420.0
@@ -44,9 +55,21 @@ def gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def world_size(gpus: int | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Ranks for the distributed rows: ``CUGRAPHRT_WORLD`` if set, else the largest of 2, 4
+    and 8 that the GPUs present hold (one rank per GPU); 0 with fewer than 2 GPUs."""
+    gpus = gpu_count() if gpus is None else gpus
+    chosen = (os.environ if environ is None else environ).get("CUGRAPHRT_WORLD", "")
+    if chosen:
+        if not chosen.isdigit() or int(chosen) < 2:
+            raise ValueError(f"CUGRAPHRT_WORLD must be an integer >= 2 (got {chosen!r})")
+        return int(chosen) if int(chosen) <= gpus else 0
+    return max((w for w in (2, 4, 8) if w <= gpus), default=0)
+
+
 def _launch() -> dict:
-    """Run the child on WORLD ranks; its RESULT, or RuntimeError with the whole story."""
-    done = launcher.torchrun("cugraphrt.bench.distributed_child", nproc=WORLD,
+    """Run the child on every rank; its RESULT, or RuntimeError with the whole story."""
+    done = launcher.torchrun("cugraphrt.bench.distributed_child", nproc=world_size(),
                              deadline_s=DEADLINE_S, module=True)
     for line in done.stdout.splitlines():
         if done.ok and line.startswith("RESULT "):
@@ -73,20 +96,21 @@ def _measured(ctx: Context) -> dict:
 
 
 def _row(ctx: Context, metric: str, systems: tuple[str, ...], reference: str, subject: str,
-         key: str) -> None:
-    row = RowBuilder(metric, "us", systems, reference, subject)
+         key: str, unit: str = "us") -> None:
+    row = RowBuilder(metric, unit, systems, reference, subject)
     gpus = gpu_count()
     if ctx.quick and not ctx.selected:
         row.unavailable_all("skipped in --quick (run --distributed)")
-    elif gpus < WORLD:
+    elif world_size(gpus) < WORLD:
         row.unavailable_all(f"needs {WORLD} GPUs and a CUDA build of torch (got {gpus} GPU(s))")
     else:
         if _results.get("ctx") is not ctx:
-            ctx.step(f"torchrun, {WORLD} ranks: ddp and tp_decode")
+            ctx.step(f"torchrun, {world_size(gpus)} ranks: ddp, tp_decode and dist_cg")
         results = row.setup(subject, lambda: _measured(ctx))
         if results is not None:
+            scale = 1e6 if unit == "us" else 1e3
             for system in systems:
-                row.set(system, summarize(results[key][system]).scaled(1e6))
+                row.set(system, summarize(results[key][system]).scaled(scale))
         else:
             row.unavailable_all("torchrun failed (see the error cell)")
     ctx.emit(row.build())
@@ -100,15 +124,27 @@ def _run_tp(ctx: Context) -> None:
     _row(ctx, "decode step", TP_SYSTEMS, "torch_graph", "cugraphrt", "tp")
 
 
+def _run_cg(ctx: Context) -> None:
+    _row(ctx, "solve", CG_SYSTEMS, "eager_check_1", "while_loop", "cg", unit="ms")
+
+
 DDP = Workload(
-    "ddp", f"data-parallel training step on {WORLD} GPUs (torchrun, NCCL): MLP 8x256, batch 32 "
-    f"per rank, Adam; eager DDP vs the whole step (DDP's all-reduce included) as one "
-    f"cugraphrt graph per rank", DDP_SYSTEMS, "ddp_eager",
+    "ddp", f"data-parallel training step, one rank per GPU (at least {WORLD}; torchrun, "
+    "NCCL): MLP 8x256, batch 32 per rank, Adam; eager DDP vs the whole step (DDP's "
+    "all-reduce included) as one cugraphrt graph per rank", DDP_SYSTEMS, "ddp_eager",
     (Target("cugraphrt_step", "ddp_eager", 1 / 1.5, metric="step"),), _run_ddp)
 
 TP_DECODE = Workload(
-    "tp_decode", f"decode step of a {WORLD}-way tensor-parallel Llama-style decoder (4 layers, "
-    f"hidden 512, bf16, 2 all-reduces per layer, KV cache): eager vs torch's CUDA graph vs "
-    f"cugraphrt (and with the hang watchdog on)", TP_SYSTEMS, "torch_graph",
+    "tp_decode", "decode step of a tensor-parallel Llama-style decoder, one way per GPU "
+    "(4 layers, hidden 512, bf16, 2 all-reduces per layer, KV cache): eager vs torch's CUDA "
+    "graph vs cugraphrt (and with the hang watchdog on)", TP_SYSTEMS, "torch_graph",
     (Target("cugraphrt", "torch_graph", 1.05, metric="decode step"),
      Target("cugraphrt", "eager", 1 / 3, metric="decode step")), _run_tp)
+
+DIST_CG = Workload(
+    "dist_cg", f"conjugate gradient to relative residual {CG_TOL:g} on every GPU (at least "
+    f"{WORLD}; CuPy NCCL): dense SPD n={CG_N} split by rows, one all-reduce and one "
+    f"all-gather per iteration; eager with a host check every iteration vs a graph of one "
+    f"iteration replayed by that loop vs the whole solve in one launch (cugraphrt.while_loop, "
+    f"collectives inside the body)", CG_SYSTEMS, "eager_check_1",
+    (Target("while_loop", "eager_check_1", 0.33, metric="solve"),), _run_cg)

@@ -37,6 +37,7 @@ import cupy
 import numpy
 
 from cugraphrt._capture import stream_capture as _capture
+from cugraphrt._control.bodies import collective_call
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt.distributed.crossrank import exchange_over_store
 from cugraphrt.distributed.log import Collective, log_for, release_graphs
@@ -216,18 +217,21 @@ class Collectives:
                                    f"arrays on the communicator's device {self.device_id}")
         stream = cupy.cuda.get_current_stream()
         capturing = _capture.is_current_stream_capturing()
-        if capturing:
-            self._check_capturable(key, nccl)
-        call(nccl, stream.ptr)
         if not capturing:
+            call(nccl, stream.ptr)
             self._warm.add(key)
             return
+        self._check_capturable(key, nccl)
+        kind, dtype, size, *rest = key
+        detail = (f"root {rest[0]}" if kind == "broadcast" else str(rest[0])) if rest else ""
+        record = Collective(kind, cupy.dtype(dtype).name, int(size), self.label, detail)
+        # In a loop or branch body, the event nodes NCCL adds are taken out when the body
+        # ends (a body cannot hold them; see cugraphrt._control.bodies).
+        with collective_call(record.describe()):
+            call(nccl, stream.ptr)
         capture = _capture.current_capture()
         if capture is not None:  # a cugraphrt capture: the graph is checked across ranks
-            kind, dtype, size, *rest = key
-            detail = (f"root {rest[0]}" if kind == "broadcast" else str(rest[0])) if rest else ""
-            log_for(capture, self._exchanger).add(
-                Collective(kind, cupy.dtype(dtype).name, int(size), self.label, detail))
+            log_for(capture, self._exchanger).add(record)
 
     def _check_capturable(self, key: tuple, nccl) -> None:
         check_nccl_version(int(nccl.get_version()))

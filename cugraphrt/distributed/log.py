@@ -25,8 +25,10 @@ import json
 import threading
 import weakref
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
+
+from cugraphrt._control import bodies as _bodies
 
 __all__ = ["Collective", "CollectiveLog", "Exchanger", "log_for", "track", "release_graphs",
            "live_graphs", "encode", "decode"]
@@ -49,6 +51,13 @@ class Collective:
         The process group's name (torch) or the communicator's label (CuPy).
     detail : str
         The reduction (``sum``) and the root (``root 0``), where the kind has them.
+    scope : str
+        The device-side loop or branch bodies it was issued in, outermost first
+        (``"while_loop body"``, ``"while_loop body > cond body"``); empty at the graph's
+        top level. Filled in by :meth:`CollectiveLog.add`. A body's collectives run once
+        per iteration, so comparing them with their scope compares what every iteration
+        issues; how many iterations each rank runs is decided on the device, and a rank
+        whose loop runs on alone is the watchdog's to catch.
     """
 
     kind: str
@@ -56,12 +65,15 @@ class Collective:
     count: int
     group: str
     detail: str = ""
+    scope: str = ""
 
     def describe(self) -> str:
-        """One line, e.g. ``all_reduce float32[4096] sum on group '0'``."""
+        """One line, e.g. ``all_reduce float32[4096] sum on group '0'`` (and ``in a
+        while_loop body``)."""
         size = f"{self.dtype}[{self.count}]" if self.count >= 0 else self.dtype
         detail = f" {self.detail}" if self.detail else ""
-        return f"{self.kind} {size}{detail} on group {self.group!r}"
+        where = f" in a {self.scope}" if self.scope else ""
+        return f"{self.kind} {size}{detail} on group {self.group!r}{where}"
 
 
 def encode(collectives: Iterable[Collective]) -> bytes:
@@ -133,7 +145,12 @@ class CollectiveLog:
         self.release_hooks: list[Callable[[], None]] = []
 
     def add(self, collective: Collective) -> None:
-        """Record one more collective."""
+        """Record one more collective, with the bodies it is issued in (see
+        :attr:`Collective.scope`)."""
+        if not collective.scope:
+            where = _bodies.scope()
+            if where:
+                collective = replace(collective, scope=where)
         self.entries.append(collective)
 
     @property

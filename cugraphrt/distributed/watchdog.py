@@ -16,6 +16,8 @@ or :func:`set_collective_timeout`, before the graphs are captured):
   graphs to be released, hence the daemon thread), and raises
   :class:`~cugraphrt.errors.CollectiveTimeoutError` in the thread that replayed the graph,
   as soon as that thread runs Python again;
+* loops whose bodies hold collectives are stopped (``cugraphrt._cuda.conditional.stop_loops``):
+  a loop that runs on alone on one rank ends after the iteration underway;
 * every later replay of a watched graph raises the same error.
 
 With no timeout set, nothing of this exists: graphs replay exactly as before.
@@ -33,6 +35,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from cugraphrt._cuda import conditional as _conditional
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._memory.backing import _on_device
 from cugraphrt.distributed.log import CollectiveLog
@@ -186,6 +189,9 @@ class _Watcher:
             faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
         except (OSError, ValueError, AttributeError):  # no usable stderr file descriptor
             pass
+        # Loops whose bodies hold collectives end after the iteration underway (its
+        # collectives return once the communicator is aborted), instead of running on.
+        _conditional.stop_loops()
         threading.Thread(target=_abort_quietly, args=(exchanger,), daemon=True,
                          name="cugraphrt-collective-abort").start()
         _raise_in(thread, error)
@@ -263,6 +269,7 @@ def reset() -> None:
     """Forget a fired error and the pending replays (for tests, and after the process group
     was restarted)."""
     global _watcher
+    _conditional.stop_loops(False)
     old, _watcher = _watcher, _Watcher()
     old.error = old.error or CollectiveTimeoutError("watchdog reset")  # stops its thread
     old.wake.set()

@@ -20,7 +20,6 @@ from cugraphrt.bench import torchrun as launcher
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-WORLD = 2
 #: Seconds a launch may take before its ranks dump their stacks and the test fails.
 DEADLINE_S = float(os.environ.get("CUGRAPHRT_TEST_DEADLINE", "240"))
 
@@ -46,6 +45,18 @@ def _devices(library: str) -> tuple[int, str]:
         return module.cuda.runtime.getDeviceCount(), ""
     except Exception as exc:  # noqa: BLE001 - no driver, a broken install
         return 0, f"{type(exc).__name__}: {exc}"
+
+
+def _world() -> int:
+    """Ranks of the multi-GPU runs: one per GPU present (2, 4 or 8, or CUGRAPHRT_WORLD), the
+    same rule as ``cugraphrt bench --distributed``; 2 where fewer GPUs are (they skip)."""
+    from cugraphrt.bench.workloads_distributed import world_size
+
+    return world_size(device_count()) or 2
+
+
+#: Ranks of the multi-GPU tests.
+WORLD = _world()
 
 
 def skip_unless_gpus(count: int = WORLD, library: str = "torch"):

@@ -9,6 +9,10 @@ Parts (argv, one per launch):
   CollectiveTimeoutError in the replaying thread, naming the rank, the graph and its
   collectives. On 2 ranks, rank 1 never replays the graph rank 0 replays (the real hang);
   on 1 rank, the graph sleeps on the GPU (torch.cuda._sleep) longer than the timeout.
+* ``loop_watchdog`` (2 ranks): a ``cugraphrt_torch.while_loop`` with an all-reduce in its
+  body ends after 3 iterations on every rank but rank 0, where it never ends (its bound is
+  far beyond the timeout): rank 0's replay raises CollectiveTimeoutError naming the
+  collective in the loop's body, instead of waiting forever for a peer that stopped.
 """
 
 from __future__ import annotations
@@ -79,6 +83,31 @@ def part_mismatch(rank: int, world: int, device) -> None:
     ok("mismatch-then-eager")
 
 
+def _watchdog_error(replay) -> tuple[str, float]:
+    """Replay, wait for the watchdog's error in this thread; its message and the seconds it
+    took."""
+    start = time.monotonic()
+    try:
+        replay()
+        torch.cuda.synchronize()
+        while time.monotonic() - start < 120:  # the error arrives here at the latest
+            time.sleep(0.05)
+    except CollectiveTimeoutError as exc:
+        message = str(exc)
+    except RuntimeError:  # the aborted communicator may surface first as its own error
+        pending = pending_error()
+        if pending is None:
+            raise
+        message = str(pending)
+        try:
+            time.sleep(2)  # let the watchdog's copy arrive here rather than later
+        except CollectiveTimeoutError:
+            pass
+    else:
+        raise AssertionError("the watchdog did not fire")
+    return message, time.monotonic() - start
+
+
 def part_watchdog(rank: int, world: int, device) -> None:
     check_capture()
     set_collective_timeout(TIMEOUT_S)
@@ -98,26 +127,8 @@ def part_watchdog(rank: int, world: int, device) -> None:
         torch.cuda.synchronize()
     store = dist.distributed_c10d._get_default_store()
     if rank == 0:
-        start = time.monotonic()
-        try:
-            g.replay(current)  # on 2 ranks, rank 1 never replays this one
-            torch.cuda.synchronize()
-            while time.monotonic() - start < 120:  # the error arrives here at the latest
-                time.sleep(0.05)
-        except CollectiveTimeoutError as exc:
-            message = str(exc)
-        except RuntimeError:  # the aborted communicator may surface first as its own error
-            pending = pending_error()
-            if pending is None:
-                raise
-            message = str(pending)
-            try:
-                time.sleep(2)  # let the watchdog's copy arrive here rather than later
-            except CollectiveTimeoutError:
-                pass
-        else:
-            raise AssertionError("the watchdog did not fire")
-        elapsed = time.monotonic() - start
+        # on 2 ranks, rank 1 never replays this one
+        message, elapsed = _watchdog_error(lambda: g.replay(current))
         assert f"graph #0 (1 collective: all_reduce float32[{N}] sum on group" in message, message
         assert f"did not finish within {TIMEOUT_S:g} s of its replay" in message, message
         assert message.startswith(f"rank 0 of ranks {list(range(world))}"), message
@@ -128,11 +139,51 @@ def part_watchdog(rank: int, world: int, device) -> None:
     ok("watchdog")
 
 
+def part_loop_watchdog(rank: int, world: int, device) -> None:
+    check_capture()
+    set_collective_timeout(TIMEOUT_S)
+    y = torch.randn(N, device=device)
+    _warm(y.clone())
+    count = torch.zeros((), dtype=torch.int64, device=device)
+    # The bug under test: rank 0's loop never ends (its peer stops after 3 iterations). When
+    # the watchdog fires, the aborted all-reduce returns and the loop, whose body holds a
+    # collective, stops at its next condition.
+    bound = torch.tensor(2**62 if rank == 0 else 3, device=device)
+
+    def body():
+        dist.all_reduce(y)
+        y.mul_(0.5)
+        count.add_(1)
+
+    g = cugraphrt.Graph()
+    with cugraphrt_torch.graph(g):
+        count.zero_()
+        cugraphrt_torch.while_loop(lambda: count < bound, body)
+    store = dist.distributed_c10d._get_default_store()
+    current = torch.cuda.current_stream()
+    if rank == 0:
+        # checked across the ranks (they agree), then launched
+        message, elapsed = _watchdog_error(lambda: g.replay(current))
+        assert f"all_reduce float32[{N}] sum on group" in message, message
+        assert "in a while_loop body" in message, message
+        assert int(count) < 1000, int(count)  # the loop was stopped, not run out
+        assert f"did not finish within {TIMEOUT_S:g} s of its replay" in message, message
+        assert TIMEOUT_S <= elapsed < 60, elapsed
+        store.set("cugraphrt-test/loop-watchdog", b"fired")
+    else:
+        g.replay(current)
+        torch.cuda.synchronize()
+        assert int(count) == 3
+        store.wait(["cugraphrt-test/loop-watchdog"], datetime.timedelta(seconds=120))
+    ok("loop_watchdog")
+
+
 if __name__ == "__main__":
     rank, world, device = setup()
     part = sys.argv[1]
-    {"mismatch": part_mismatch, "watchdog": part_watchdog}[part](rank, world, device)
-    if part == "watchdog":
+    {"mismatch": part_mismatch, "watchdog": part_watchdog,
+     "loop_watchdog": part_loop_watchdog}[part](rank, world, device)
+    if part in ("watchdog", "loop_watchdog"):
         # The communicator was aborted (on rank 0): leave without touching it again.
         sys.stdout.flush()
         os._exit(0)

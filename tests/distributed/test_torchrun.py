@@ -17,6 +17,7 @@ from ._launch import ROOT, WORLD, passed, run_parts, skip_unless_gpus, torchrun
 pytestmark = pytest.mark.gpu
 
 COLLECTIVES = ("graph", "callables", "cupy")
+LOOPS = ("torch", "cupy", "cg", "mismatch")
 TRAINING = ("step", "callables", "ddp_step", "static_graph")
 
 
@@ -100,3 +101,42 @@ def test_the_distributed_bench_child_replays_kept_handles_like_eager(nproc):
     replays must equal eager DDP and the eager TP decoder."""
     out = torchrun("cugraphrt.bench.distributed_child", "--check", nproc=nproc, module=True)
     assert passed(out, "bench-child", nproc)
+
+
+def _loop_parts(nproc: int) -> tuple[str, ...]:
+    """The parts of loops.py for one launch: CuPy's only where CuPy loads NCCL, the
+    mismatch only where there is a peer to differ from."""
+    return tuple(p for p in LOOPS if (_has_cupy_nccl() or p not in ("cupy", "cg"))
+                 and (nproc > 1 or p != "mismatch"))
+
+
+@pytest.mark.parametrize("nproc", _ranks(one_by_default=True))
+@pytest.mark.parametrize("part", LOOPS[:3])
+def test_collectives_inside_device_side_loops_and_branches_match_eager(part, nproc):
+    """torch.distributed and CuPy NCCL collectives inside while_loop and cond bodies (NCCL's
+    event nodes taken out of the bodies), and the distributed CG solved in one launch."""
+    if part != "torch" and not _has_cupy_nccl():
+        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    parts = _loop_parts(nproc)
+    out = run_parts("loops.py", parts, nproc)
+    assert passed(out, part, nproc) and passed(out, "teardown", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks(two_only=True))
+def test_collectives_differing_inside_a_loop_body_fail_on_every_rank(nproc):
+    out = run_parts("loops.py", _loop_parts(nproc), nproc)
+    assert passed(out, "mismatch", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks(two_only=True))
+def test_the_watchdog_catches_a_loop_that_never_ends_on_one_rank(nproc):
+    out = torchrun("checks.py", "loop_watchdog", nproc=nproc, deadline_s=120)
+    assert passed(out, "loop_watchdog", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_the_distributed_cg_example_runs(nproc):
+    if not _has_cupy_nccl():
+        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    out = torchrun(str(ROOT / "examples" / "distributed_cg.py"), nproc=nproc)
+    assert f"{nproc} ranks: " in out and "equal to the per-iteration replays" in out

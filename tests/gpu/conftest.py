@@ -28,6 +28,22 @@ def randn(rng):
     return make
 
 
+@pytest.fixture
+def solo():
+    """``cugraphrt.distributed.Collectives`` of a one-rank CuPy NCCL communicator (an
+    all-reduce is a copy); skips where CuPy cannot load NCCL."""
+    try:
+        from cupy.cuda import nccl
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"CuPy's NCCL bindings do not import ({exc})")
+    if not nccl.available:
+        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    from cugraphrt.distributed.collectives import Collectives
+
+    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+    return Collectives(comm, label="solo")
+
+
 @pytest.fixture(autouse=True)
 def _clean_state():
     """Each test starts and ends with no capture underway and pool checks off."""

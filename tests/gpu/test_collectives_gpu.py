@@ -13,20 +13,7 @@ cupy = pytest.importorskip("cupy")
 import cugraphrt  # noqa: E402
 from cugraphrt import ReplayError  # noqa: E402
 from cugraphrt.distributed import log as collective_log  # noqa: E402
-from cugraphrt.distributed.collectives import Collectives  # noqa: E402
 from cugraphrt.distributed.log import Collective  # noqa: E402
-
-
-@pytest.fixture
-def solo():
-    try:
-        from cupy.cuda import nccl
-    except Exception as exc:  # noqa: BLE001
-        pytest.skip(f"CuPy's NCCL bindings do not import ({exc})")
-    if not nccl.available:
-        pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
-    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    return Collectives(comm, label="solo")
 
 
 def test_a_captured_collective_is_checked_then_replays_and_is_released(solo):

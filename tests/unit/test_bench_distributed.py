@@ -12,15 +12,15 @@ from cugraphrt.bench.timing import Summary
 
 def test_the_flag_selects_the_distributed_workloads():
     args = runner.parse_args(["--distributed"])
-    assert args.distributed and runner.selected_names(args) == {"ddp", "tp_decode"}
+    assert args.distributed and runner.selected_names(args) == {"ddp", "tp_decode", "dist_cg"}
     both = runner.parse_args(["--distributed", "--only", "replay"])
-    assert runner.selected_names(both) == {"ddp", "tp_decode", "replay"}
+    assert runner.selected_names(both) == {"ddp", "tp_decode", "dist_cg", "replay"}
     assert not runner.parse_args([]).distributed
     assert "ddp" in [w.name for w in runner.WORKLOADS]
 
 
 def _rows(monkeypatch, gpus: int, *, quick=False, selected=True, launch=None):
-    """Both distributed rows of one run (one Context), with torchrun replaced."""
+    """The three distributed rows of one run (one Context), with torchrun replaced."""
     monkeypatch.setattr(workloads_distributed, "gpu_count", lambda: gpus)
     launches = []
     if launch is not None:
@@ -29,7 +29,8 @@ def _rows(monkeypatch, gpus: int, *, quick=False, selected=True, launch=None):
     ctx = Context(quick=quick, selected=selected)
     workloads_distributed.DDP.run(ctx)
     workloads_distributed.TP_DECODE.run(ctx)
-    assert len(launches) <= 1  # one launch fills both rows
+    workloads_distributed.DIST_CG.run(ctx)
+    assert len(launches) <= 1  # one launch fills every row
     return ctx.rows
 
 
@@ -39,6 +40,8 @@ def _row(monkeypatch, gpus: int, **kwargs):
 
 TP = {"eager": [900e-6, 910e-6], "torch_graph": [200e-6, 201e-6], "cugraphrt": [202e-6, 203e-6],
       "cugraphrt_watched": [206e-6, 207e-6]}
+CG = {"eager_check_1": [12e-3, 13e-3], "replay_check_1": [3.4e-3, 3.5e-3],
+      "while_loop": [1.7e-3, 1.8e-3]}
 
 
 @pytest.mark.parametrize("gpus", [0, 1])
@@ -61,7 +64,7 @@ def test_quick_runs_skip_it_unless_selected(monkeypatch):
 
 def test_measured_rows_and_the_speedup_target(monkeypatch):
     canned = {"ddp": {"ddp_eager": [300e-6, 310e-6, 305e-6],
-                      "cugraphrt_step": [150e-6, 151e-6, 149e-6]}, "tp": TP}
+                      "cugraphrt_step": [150e-6, 151e-6, 149e-6]}, "tp": TP, "cg": CG}
     row = _row(monkeypatch, 2, launch=lambda: canned)
     eager, graphed = row.cells["ddp_eager"], row.cells["cugraphrt_step"]
     assert isinstance(eager, Summary) and isinstance(graphed, Summary)
@@ -72,7 +75,7 @@ def test_measured_rows_and_the_speedup_target(monkeypatch):
     (target,) = report.targets
     # the median of the per-round ratios 150/300, 151/310, 149/305
     assert target.status == "PASS" and target.ratio == pytest.approx(149 / 305)
-    slow = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [250e-6]}, "tp": TP}
+    slow = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [250e-6]}, "tp": TP, "cg": CG}
     row = _row(monkeypatch, 2, launch=lambda: slow)
     report = runner.build_report([(workloads_distributed.DDP, [row], None)],
                                  [workloads_distributed.DDP], created="now", device="test",
@@ -91,8 +94,8 @@ def test_a_failed_torchrun_is_an_error_cell(monkeypatch, capsys):
 
 
 def test_the_tensor_parallel_row_and_its_two_targets(monkeypatch):
-    canned = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [150e-6]}, "tp": TP}
-    _, row = _rows(monkeypatch, 2, launch=lambda: canned)
+    canned = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [150e-6]}, "tp": TP, "cg": CG}
+    _, row, _ = _rows(monkeypatch, 2, launch=lambda: canned)
     assert row.metric == "decode step" and row.systems == workloads_distributed.TP_SYSTEMS
     assert row.cells["cugraphrt_watched"].median == pytest.approx(206.5)
     report = runner.build_report([(workloads_distributed.TP_DECODE, [row], None)],
@@ -108,8 +111,9 @@ def test_a_hang_is_a_failed_cell_in_both_rows(monkeypatch):
     def launch():
         raise RuntimeError("torchrun hung: a rank reached the 420 s deadline")
 
-    ddp, tp = _rows(monkeypatch, 2, launch=launch)
+    ddp, tp, cg = _rows(monkeypatch, 2, launch=launch)
     assert isinstance(ddp.cells["cugraphrt_step"], Failed)
+    assert isinstance(cg.cells["while_loop"], Failed)
     assert isinstance(tp.cells["cugraphrt"], Failed) and "deadline" in tp.cells["cugraphrt"].message
     assert isinstance(tp.cells["eager"], NotAvailable)
 
@@ -124,6 +128,8 @@ def test_the_launch_reads_the_result_and_reports_a_hang(monkeypatch, capsys):
         return launcher.Launch(["torchrun"], 0, 'noise\nRESULT {"ddp": {}}\n', "", 12.0)
 
     monkeypatch.setattr(launcher, "torchrun", fake)
+    monkeypatch.setattr(workloads_distributed, "gpu_count", lambda: 2)
+    monkeypatch.delenv("CUGRAPHRT_WORLD", raising=False)
     assert workloads_distributed._launch() == {"ddp": {}}
     assert seen["target"] == "cugraphrt.bench.distributed_child" and seen["module"]
     assert seen["nproc"] == 2 and seen["deadline_s"] == workloads_distributed.DEADLINE_S
@@ -133,3 +139,36 @@ def test_the_launch_reads_the_result_and_reports_a_hang(monkeypatch, capsys):
     with pytest.raises(RuntimeError, match="torchrun hung: a rank reached the 420 s deadline"):
         workloads_distributed._launch()
     assert "--- rank1: Python stacks ---" in capsys.readouterr().err
+
+
+def test_the_launch_takes_one_rank_per_gpu(monkeypatch):
+    from cugraphrt.bench import torchrun as launcher
+
+    seen = {}
+
+    def fake(target, args=(), **kwargs):
+        seen.update(kwargs)
+        return launcher.Launch(["torchrun"], 0, 'RESULT {"ddp": {}}\n', "", 1.0)
+
+    monkeypatch.setattr(launcher, "torchrun", fake)
+    monkeypatch.delenv("CUGRAPHRT_WORLD", raising=False)
+    monkeypatch.setattr(workloads_distributed, "gpu_count", lambda: 4)
+    workloads_distributed._launch()
+    assert seen["nproc"] == 4
+    monkeypatch.setenv("CUGRAPHRT_WORLD", "2")
+    workloads_distributed._launch()
+    assert seen["nproc"] == 2
+
+
+def test_the_distributed_cg_row_and_its_target(monkeypatch):
+    canned = {"ddp": {"ddp_eager": [300e-6], "cugraphrt_step": [150e-6]}, "tp": TP, "cg": CG}
+    _, _, row = _rows(monkeypatch, 2, launch=lambda: canned)
+    assert row.metric == "solve" and row.unit == "ms"
+    assert row.systems == ("eager_check_1", "replay_check_1", "while_loop")
+    assert row.cells["while_loop"].median == pytest.approx(1.75)
+    report = runner.build_report([(workloads_distributed.DIST_CG, [row], None)],
+                                 [workloads_distributed.DIST_CG], created="now",
+                                 device="test", versions={}, quick=False, elapsed_s=1.0)
+    (target,) = report.targets
+    assert target.reference == "eager_check_1" and target.status == "PASS"
+    assert target.ratio == pytest.approx(1.7 / 12, rel=0.05)

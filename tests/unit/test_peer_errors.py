@@ -156,6 +156,7 @@ class _FakeCapture:
         self.keepalive = []
         self.aborted_by = None
         self.collectives = None  # none recorded (cugraphrt.distributed.log)
+        self.bodies = []  # no loop or branch bodies
 
 
 def test_empty_graph_warning_carries_torchs_wording(monkeypatch):
