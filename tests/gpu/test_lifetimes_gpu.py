@@ -19,8 +19,6 @@ cupy = pytest.importorskip("cupy")
 import cugraphrt  # noqa: E402
 from tests.lifetimes import BIG_BYTES, Kept, check_lifetime  # noqa: E402
 
-from .test_collectives_gpu import solo  # noqa: E402, F401 - the one-rank NCCL fixture
-
 pytestmark = pytest.mark.gpu
 
 N = 1 << 16
@@ -149,7 +147,7 @@ def test_graph_with_device_side_loop_and_branch_keeps_its_graph(rng):
 
 @pytest.mark.parametrize("watchdog", [False, True], ids=["plain", "watchdog"])
 def test_graph_holding_a_collective_keeps_itself_through_its_checked_replays(
-        rng, solo, watchdog):  # noqa: F811 - the fixture
+        rng, solo, watchdog):
     """First replay: the cross-rank check; later ones: the steady replay (watched with a
     collective timeout). A one-rank communicator's sum is the value itself."""
     from cugraphrt.distributed.watchdog import set_collective_timeout
