@@ -46,7 +46,8 @@ _ALLOWED = "kernel, memcpy, memset, empty, child-graph and conditional nodes"
 class BodyNodes(NamedTuple):
     """What one captured body holds (``Graph.body_nodes``)."""
 
-    #: ``"while_loop body"``, ``"cond body"``, ``"cond else body"``, nested with `` > ``.
+    #: ``"while_loop body"``, ``"cond body"``, ``"cond else body"``; a nested body's label
+    #: names the bodies around it first, joined by ``" > "``.
     label: str
     #: The kinds of its nodes, sorted, child graphs' included (``KERNEL``, ``MEMCPY``, ...).
     kinds: tuple[str, ...]
