@@ -131,8 +131,7 @@ def finish(body: Body) -> BodyNodes:
     bad = _forbidden(body.graph, from_collectives)
     if bad:
         raise CaptureError(_forbidden_message(body.label, bad))
-    label = " > ".join(b.label for b in _open.stack[: _open.stack.index(body) + 1]) \
-        if body in _open.stack else body.label
+    label = scope() if innermost() is body else body.label  # still open: its whole path
     report = BodyNodes(label, tuple(_nodes.kinds(body.graph)), removed)
     body.capture.bodies[body.slot] = report
     return report

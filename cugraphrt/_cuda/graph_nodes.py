@@ -58,13 +58,13 @@ def child_graph(node: Any) -> Any:
                   "cuGraphChildGraphNodeGetGraph")
 
 
-def kinds(graph: Any, *, deep: bool = True) -> list[str]:
-    """The kinds of ``graph``'s nodes, sorted; with ``deep``, child graphs' nodes too."""
+def kinds(graph: Any) -> list[str]:
+    """The kinds of ``graph``'s nodes and of its child graphs' nodes, sorted."""
     found = []
     for node in nodes(graph):
         name = kind(node)
         found.append(name)
-        if deep and name == "GRAPH":
+        if name == "GRAPH":
             found.extend(kinds(child_graph(node)))
     return sorted(found)
 
