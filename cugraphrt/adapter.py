@@ -9,7 +9,9 @@ What an adapter **implements**: :class:`Framework`, once, in one module (arrays,
 streams, capture). What the core **offers** it, in four groups:
 
 * **Callables**: :class:`CallPath` (the one call path: copy in, settle, replay, hand out),
-  its usual steps :class:`CopyIn` and :class:`HandOut`, the :class:`Mismatch` a step raises;
+  its usual steps :class:`CopyIn` and :class:`HandOut`, the :class:`Mismatch` a step raises,
+  :func:`load_step` (the ``load`` step for ``inputs="copy"`` or ``"rebind"``, with
+  :func:`plan_for`, :func:`rebind_step`, :func:`byte_extent`, :func:`check_inputs_mode`);
   shape buckets (:class:`Bucketed`, :class:`CapturedBucket`, :func:`resolve_buckets`); the
   overwritten-output check (:class:`OutputCheck`, :class:`OutputOps`,
   :class:`OverwriteOrder`, :func:`order_for`, :func:`resolve_check_outputs`).
@@ -46,6 +48,14 @@ from cugraphrt._callables.buckets import Bucketed, CapturedBucket
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
 from cugraphrt._callables.cupy_framework import CUPY, CupyFramework
 from cugraphrt._callables.framework import Framework
+from cugraphrt._callables.rebind import (
+    INPUT_MODES,
+    check_inputs_mode,
+    load_step,
+    plan_for,
+    rebind_step,
+)
+from cugraphrt._callables.rebind_plan import byte_extent
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture.graphs import Graph
 from cugraphrt._capture.graphs import _resolve_pool as resolve_pool
@@ -83,7 +93,8 @@ __all__ = [
     "Framework", "CUPY", "CupyFramework",
     # callables
     "CallPath", "CopyIn", "HandOut", "Mismatch", "Bucketed", "CapturedBucket",
-    "resolve_buckets", "OutputCheck", "OutputOps", "OverwriteOrder", "order_for",
+    "resolve_buckets", "load_step", "plan_for", "rebind_step", "byte_extent", "INPUT_MODES",
+    "check_inputs_mode", "OutputCheck", "OutputOps", "OverwriteOrder", "order_for",
     "resolve_check_outputs", "CHECK_OUTPUTS_ENV",
     # capture hooks
     "Capture", "begin_capture", "end_capture", "abort_capture", "adopt", "capture_of",

@@ -51,7 +51,8 @@ class BucketedModule:
     def __init__(self, module: torch.nn.Module, sample_args: tuple, device: int, *,
                  warm_up: Callable[[tuple], None], pool: MemPool | None, copy_outputs: bool,
                  buckets: Any, dynamic_dim: Any, pad: Any, memory_budget: int | None,
-                 strict: bool, check_outputs: bool | None = None) -> None:
+                 strict: bool, check_outputs: bool | None = None,
+                 inputs: str = "copy") -> None:
         self.module = module
         self._training = module.training
         self._strict = strict
@@ -74,7 +75,8 @@ class BucketedModule:
             # bucket graphs of one pool may replay in any order (see the buckets module). Go
             # through the adapter's replay object, never torch's bound method: a reset
             # disarms the former, while the latter would keep torch's graph and pool alive.
-            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq)
+            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq,
+                                  graph=cuda_graph if inputs == "rebind" else None)
 
         def check(pool: MemPool):
             return make_check(check_outputs, f"graph_module({type(module).__name__}, buckets)",
@@ -90,7 +92,7 @@ class BucketedModule:
                 dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
                 pool=pool, copy_outputs=copy_outputs, capture=capture, eager=eager,
                 name=type(module).__name__, trim=_release_torch_cache,
-                check=None if copy_outputs else check)
+                check=None if copy_outputs else check, inputs=inputs)
         self._eager = eager
         self.buckets = self._core.buckets
         self.pool = self._core.pool

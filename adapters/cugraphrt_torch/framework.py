@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from cugraphrt.adapter import byte_extent
+
 from . import _output_check, _torch
 from .capture import graph
 
@@ -34,6 +36,13 @@ class TorchFramework:
     # torch.device (type and index); a value without these attributes never matches.
     signature = staticmethod(attrgetter("shape", "dtype", "device"))
     address = staticmethod(_Tensor.data_ptr)
+    strides = staticmethod(_Tensor.stride)  # what rebinding compares besides signature
+
+    @staticmethod
+    def extent(array: torch.Tensor) -> tuple[int, int]:
+        size = array.element_size()
+        return byte_extent(array.data_ptr(), tuple(array.shape),
+                           [s * size for s in array.stride()], size)
 
     @staticmethod
     def same_layout(value: torch.Tensor, static: torch.Tensor) -> bool:

@@ -16,7 +16,10 @@ from cugraphrt.adapter import (
     Mismatch,
     OutputCheck,
     OverwriteOrder,
+    check_inputs_mode,
     order_for,
+    plan_for,
+    rebind_step,
 )
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
@@ -38,7 +41,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
                  strict: bool = False, buckets: Any = None,
                  dynamic_dim: int | tuple[int | None, ...] = 0, pad: Any = 0,
                  memory_budget: int | None = None,
-                 check_outputs: bool | None = None) -> GraphedModule | BucketedModule:
+                 check_outputs: bool | None = None,
+                 inputs: str = "copy") -> GraphedModule | BucketedModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
     The sample tensors become the graph's static inputs. Each call copies its tensors into
@@ -75,6 +79,11 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         the call that produced it (docs/reliability.md, "Reading an overwritten output").
         None (the default) means on unless the environment variable
         ``CUGRAPHRT_CHECK_OUTPUTS=0``; unavailable on torch builds without CUDA.
+    inputs : {"copy", "rebind"}, default "copy"
+        ``"rebind"``: point the graph at each call's own tensors instead of copying them in,
+        where the capture's rebinding plan covers every place an input's address appears
+        (otherwise copy, with a one-time warning naming why); tensors must have the captured
+        strides too (else they are copied). See docs/rebinding.md.
 
     Returns
     -------
@@ -93,6 +102,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         raise OptionsError("strict", strict, "allowed values are True and False")
     if not isinstance(module, torch.nn.Module):
         raise OptionsError("module", type(module).__name__, "a torch.nn.Module")
+    check_inputs_mode(inputs)
     args = _sample_tuple(sample_args)
     device = _sample_device(module, args)
     _torch.require_cuda("cugraphrt_torch.graph_module()")
@@ -107,7 +117,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             warm_up=lambda statics: _warm_up(module, statics, options.num_warmup_iters, device),
             pool=pool, copy_outputs=options.copy_outputs, buckets=buckets,
             dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
-            check_outputs=options.check_outputs)
+            check_outputs=options.check_outputs, inputs=inputs)
     with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.
@@ -122,7 +132,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     check = None if options.copy_outputs else make_check(
         options.check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
     return GraphedModule(module, cuda_graph, capture, static, outputs, options.copy_outputs,
-                         strict, order=order, seq=seq, check=check)
+                         strict, order=order, seq=seq, check=check, inputs=inputs)
 
 
 def _sample_tuple(sample_args) -> tuple:
@@ -198,7 +208,7 @@ class GraphedModule:
     def __init__(self, module, cuda_graph: Graph, capture: graph, static_inputs: tuple,
                  outputs: Any, copy_outputs: bool, strict: bool, *,
                  order: OverwriteOrder | None = None, seq: int = 0,
-                 check: OutputCheck | None = None) -> None:
+                 check: OutputCheck | None = None, inputs: str = "copy") -> None:
         self.module = module
         self.graph = cuda_graph
         # torch_graph reads through the capture's weak reference. Its replay object does
@@ -220,8 +230,15 @@ class GraphedModule:
         assert replay is not None  # set by a successful capture
         # The core's call path (cugraphrt.adapter.CallPath): copy in, settle, replay on
         # torch's current stream, hand out.
+        paths = [f"args[{i}]" for i in range(len(statics))]
+        #: With inputs="rebind": the rebinding plan (``complete``, ``explain``); else None.
+        self.rebinding = None if inputs == "copy" else plan_for(
+            TORCH, statics, paths, cuda_graph, _tree.flatten(outputs, "output")[0])
+        load = (CopyIn(TORCH, statics, paths) if self.rebinding is None else rebind_step(
+            TORCH, statics, paths, cuda_graph, self.rebinding,
+            f"graph_module({type(module).__name__})"))
         self._path = CallPath(
-            CopyIn(TORCH, statics, [f"args[{i}]" for i in range(len(statics))]),
+            load,
             order if order is not None else OverwriteOrder(), seq, replay.on_torch_stream,
             HandOut(outputs, TORCH, copy=copy_outputs, check=check, seq=seq, which=which))
 

@@ -39,12 +39,13 @@ from cugraphrt._callables.bucket_plan import (
     leaf_dims,
     make_slot,
     resolve_buckets,
-    rows,
     sample_size,
 )
-from cugraphrt._callables.call_path import CallPath, HandOut
+from cugraphrt._callables.bucket_steps import BucketSteps
+from cugraphrt._callables.call_path import CallPath
 from cugraphrt._callables.framework import Framework
-from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder, order_for
+from cugraphrt._callables.rebind import check_inputs_mode
+from cugraphrt._memory.overwrites import OutputCheck, order_for
 from cugraphrt._memory.pool import MemPool
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import BucketStat, BucketStats, PoolStats
@@ -66,16 +67,19 @@ class CapturedBucket:
         Frees the graph (its hold on the pool included).
     seq : int, default 0
         The graph's capture order in the pool (``cugraphrt._memory.overwrites``), for ``check``.
+    graph : cugraphrt.Graph, optional
+        The Graph, keeping its definition: needed for ``inputs="rebind"``.
     """
 
-    __slots__ = ("replay", "outputs", "release", "seq")
+    __slots__ = ("replay", "outputs", "release", "seq", "graph")
 
     def __init__(self, replay: Callable[[], None], outputs: Any,
-                 release: Callable[[], None], seq: int = 0) -> None:
+                 release: Callable[[], None], seq: int = 0, graph: Any = None) -> None:
         self.replay = replay
         self.outputs = outputs
         self.release = release
         self.seq = seq
+        self.graph = graph
 
 
 class _Bucket:
@@ -114,11 +118,13 @@ class Bucketed:
                  capture: Callable[[tuple, MemPool], CapturedBucket], eager: Callable[..., Any],
                  name: str, trim: Callable[[], object] | None = None,
                  output_dims: Sequence[int | None] | None = None,
-                 check: Callable[[MemPool], OutputCheck | None] | None = None) -> None:
+                 check: Callable[[MemPool], OutputCheck | None] | None = None,
+                 inputs: str = "copy") -> None:
         # output_dims: per output leaf, the dimension that carries the dynamic size (None:
         # never cut), for front ends that know it; otherwise leaves whose dynamic_dim equals
         # the bucket size are cut. check: makes the overwritten-output check of the pool.
         self._output_dims = None if output_dims is None else tuple(output_dims)
+        self._inputs = check_inputs_mode(inputs)  # "rebind": calls of a bucket's own size
         self._ops = ops
         self._capture_fn = capture
         self._trim = trim
@@ -239,7 +245,7 @@ class Bucketed:
         bucket.entry = entry
         bucket.outputs_by_n = {}
         # No local may hold the steps: they hold the outputs, which a release below must free.
-        bucket.path = _BucketSteps(self, bucket, entry).path(order_for(pool))
+        bucket.path = BucketSteps(self, bucket, entry).path(order_for(pool))
         bucket.use.last_used = self._clock.tick()
         bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
         if self._budget is not None and not self._fit_budget(keep=bucket):
@@ -417,91 +423,3 @@ class _Clock:
     def tick(self) -> int:
         self.now += 1
         return self.now
-
-
-class _BucketSteps:
-    """The load and hand-out steps of one bucket's call path.
-
-    They copy a call of size ``n`` into the bucket's static buffers (padding the rows past
-    ``n``) and hand out the outputs cut to ``n`` rows. They reach what they need, never the
-    :class:`Bucketed` (which holds them: see its docstring).
-    """
-
-    __slots__ = ("_size", "_use", "_hand_outs", "_slots", "_statics", "_ops", "_pad_fn",
-                 "_pad_value", "_clock", "_probe", "_outputs", "_output_dims", "_copy", "_check",
-                 "_seq", "_replay")
-
-    def __init__(self, owner: Bucketed, bucket: _Bucket, entry: CapturedBucket) -> None:
-        # The bucket holds the path that holds these steps: they hold its parts, not it.
-        self._size = bucket.size
-        self._use = bucket.use
-        self._hand_outs = bucket.outputs_by_n
-        self._slots = owner._slots
-        self._statics = owner._statics
-        self._ops = owner._ops
-        self._pad_fn = owner._pad_fn
-        self._pad_value = owner._pad_value
-        self._clock = owner._clock
-        self._probe = owner._probe
-        self._outputs = entry.outputs
-        self._output_dims = owner._output_dims
-        self._copy = owner._copy_outputs
-        self._check = owner._check
-        self._seq = entry.seq
-        self._replay = entry.replay
-
-    def path(self, order: OverwriteOrder) -> CallPath:
-        """The bucket's call path, over these steps."""
-        return CallPath(self.load, order, self._seq, self._replay, self.hand_out)
-
-    def load(self, leaves: Sequence[Any]) -> int:
-        probe = self._probe
-        n = leaves[probe.index].shape[probe.dim]
-        size = self._size
-        copy = self._ops.copy
-        for slot in self._slots:
-            copy(slot.copy_views[n], leaves[slot.index])
-            dirty = slot.dirty[n]
-            rows = dirty[0]
-            if n < size:
-                if self._pad_fn is not None:
-                    self._pad_fn(slot.pad_views[n], slot.path)
-                elif rows > n:
-                    self._ops.fill(slot.pad_views[n], self._pad_value)
-            dirty[0] = n if rows <= size else rows
-        for index, static, _, _, _ in self._statics:
-            value = leaves[index]
-            if value is not static:
-                copy(static, value)
-        use = self._use
-        use.last_used = self._clock.tick()
-        use.calls += 1
-        use.padded_rows += size - n
-        return n
-
-    def hand_out(self, n: int) -> Any:
-        hand_out = self._hand_outs.get(n)
-        if hand_out is None:
-            hand_out = self._hand_outs[n] = HandOut(
-                self._views(self._size, n), self._ops, copy=self._copy, check=self._check,
-                seq=self._seq)
-        return hand_out()
-
-    def _views(self, size: int, n: int) -> Any:
-        """The outputs as a call of size ``n`` sees them: dynamic outputs cut to ``n`` rows."""
-        leaves, spec, _ = _tree.flatten(self._outputs)
-        if self._output_dims is not None:
-            return _tree.unflatten(spec, [
-                rows(leaf, at, 0, n) if at is not None and n != size else leaf
-                for leaf, at in zip(leaves, self._output_dims, strict=True)])
-        array_type = self._ops.array_type
-        dim = self._probe.dim
-        cut = []
-        for leaf in leaves:
-            if (n != size and isinstance(leaf, array_type) and len(leaf.shape) > dim
-                    and leaf.shape[dim] == size):
-                leaf = rows(leaf, dim, 0, n)
-            cut.append(leaf)
-        return _tree.unflatten(spec, cut)
-
-

@@ -13,6 +13,7 @@ from typing import Any
 import cupy
 
 from cugraphrt._callables.checked_views import CupyViews
+from cugraphrt._callables.rebind_plan import byte_extent
 from cugraphrt._capture.graph_context import graph
 
 __all__ = ["CUPY", "CupyFramework"]
@@ -36,6 +37,11 @@ class CupyFramework(CupyViews):
     # no ``data.device_id`` (AttributeError): it never matches.
     signature = staticmethod(attrgetter("shape", "dtype", "data.device_id"))
     address = staticmethod(attrgetter("data.ptr"))
+    strides = staticmethod(attrgetter("strides"))  # what rebinding compares besides signature
+
+    @staticmethod
+    def extent(array: cupy.ndarray) -> tuple[int, int]:
+        return byte_extent(array.data.ptr, array.shape, array.strides, array.itemsize)
 
     @staticmethod
     def same_layout(value: cupy.ndarray, static: cupy.ndarray) -> bool:

@@ -50,6 +50,11 @@ class Framework(Protocol):
         """The device address of the array's first element. On the call path: best a
         C-level callable (a method descriptor, ``operator.attrgetter``)."""
 
+    # Optional, for ``inputs="rebind"`` (docs/rebinding.md): ``strides(array)`` (anything
+    # comparable; on the call path, best C-level) and ``extent(array) -> (lo, hi)``, the
+    # device bytes the array covers (cugraphrt.adapter.byte_extent computes it). Without
+    # them, rebinding falls back to copying.
+
     def same_layout(self, value: Any, static: Any) -> bool:
         """For ``value`` at ``static``'s address: whether it is ``static`` laid out alike
         (strides), so that no copy is needed."""

@@ -12,6 +12,7 @@ from cugraphrt._callables.buckets import Bucketed, CapturedBucket
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
 from cugraphrt._callables.checked_views import FIX
 from cugraphrt._callables.cupy_framework import CUPY
+from cugraphrt._callables.rebind import check_inputs_mode, plan_for, rebind_step
 from cugraphrt._capture import graphs as _graphs
 from cugraphrt._capture.graph_context import graph
 from cugraphrt._capture.graphs import Graph
@@ -43,6 +44,7 @@ def make_graphed(
     memory_budget: int | None = None,
     strict: bool = False,
     check_outputs: bool | None = None,
+    inputs: str = "copy",
 ) -> GraphedFunction | BucketedFunction:
     """Capture ``fn(*sample_args)`` once and return a callable that replays it.
 
@@ -79,6 +81,13 @@ def make_graphed(
         :class:`OverwrittenOutputError` instead, naming the output and the call; arguments of
         the call itself are exempt (``x = f(x)``). Drop outputs before the next call (``del``)
         in checked code. See docs/reliability.md, "Reading an overwritten output".
+    inputs : {"copy", "rebind"}, default "copy"
+        How a call's arrays reach the graph. ``"copy"`` copies each into its static input.
+        ``"rebind"`` points the graph at the call's own arrays instead (no copy: one
+        ``cuGraphExec*SetParams`` per node that reads an input, only when an address
+        changed), where the capture's rebinding plan covers every place an input's address
+        appears; otherwise it copies and warns once, naming why. Arrays must then have the
+        captured strides too (else they are copied). See docs/rebinding.md.
     buckets : "pow2" or sequence of int, optional
         Sizes of the dynamic dimension to capture a graph for: a strictly increasing list,
         or ``"pow2"`` for 1, 2, 4, ... up to the sample's size (and the sample's size).
@@ -110,6 +119,7 @@ def make_graphed(
     options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
                                copy_outputs=copy_outputs, check_outputs=check_outputs)
     checked = bool(options.check_outputs) and not options.copy_outputs
+    check_inputs_mode(inputs)
     label = f"make_graphed({getattr(fn, '__name__', type(fn).__name__)})"
     if not callable(fn):
         raise OptionsError("fn", fn, "a callable")
@@ -124,20 +134,20 @@ def make_graphed(
         return BucketedFunction(fn, sample_args, options.num_warmup_iters, pool=pool,
                                 copy_outputs=options.copy_outputs, buckets=buckets,
                                 dynamic_dim=dynamic_dim, pad=pad,
-                                memory_budget=memory_budget, strict=strict,
+                                memory_budget=memory_budget, strict=strict, inputs=inputs,
                                 check=(lambda pool: OutputCheck(
                                     label + ", buckets", FIX, order_for(pool), CUPY))
                                 if checked else None)
     _check_devices(sample_args)
     _warm_up(fn, sample_args, options.num_warmup_iters)
-    cuda_graph = Graph()
+    cuda_graph = Graph(keep_graph=inputs == "rebind")  # the plan reads the graph's nodes
     with graph(cuda_graph, pool=pool):
         outputs = fn(*sample_args)
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
     check = OutputCheck(label, FIX, order, CUPY) if checked else None
     return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs,
-                           order=order, seq=seq, check=check)
+                           order=order, seq=seq, check=check, inputs=inputs, label=label)
 
 
 def _check_devices(sample_args: tuple) -> None:
@@ -174,11 +184,16 @@ class GraphedFunction:
         The arguments captured with (the sample arguments).
     static_outputs : Any
         The outputs the graph writes on every replay.
+    rebinding : RebindPlan or None
+        With ``inputs="rebind"``: where the inputs' addresses appear in the graph, or why
+        they cannot all be patched (``rebinding.complete``; ``rebinding.explain(names)``
+        says it in words); None with ``inputs="copy"``.
     """
 
     def __init__(self, cuda_graph: Graph, fn: Callable, sample_args: tuple, outputs: Any,
                  copy_outputs: bool, *, order: OverwriteOrder | None = None, seq: int = 0,
-                 check: OutputCheck | None = None) -> None:
+                 check: OutputCheck | None = None, inputs: str = "copy",
+                 label: str = "") -> None:
         self.graph = cuda_graph
         self.__wrapped__ = fn
         self.static_inputs = sample_args
@@ -186,7 +201,11 @@ class GraphedFunction:
         leaves, self._spec, paths = _tree.flatten(sample_args, "args")
         self._flat = self._spec.is_flat_tuple
         self._num_leaves = len(leaves)
-        self._path = CallPath(CopyIn(CUPY, leaves, paths),
+        self.rebinding = None if check_inputs_mode(inputs) == "copy" else plan_for(
+            CUPY, leaves, paths, cuda_graph, _tree.flatten(outputs, "output")[0])
+        load = (CopyIn(CUPY, leaves, paths) if self.rebinding is None
+                else rebind_step(CUPY, leaves, paths, cuda_graph, self.rebinding, label))
+        self._path = CallPath(load,
                               order if order is not None else OverwriteOrder(), seq,
                               cuda_graph.replay,
                               HandOut(outputs, CUPY, copy=copy_outputs, check=check, seq=seq))
@@ -252,7 +271,8 @@ class BucketedFunction(Bucketed):
     def __init__(self, fn: Callable, sample_args: tuple, num_warmup_iters: int, *,
                  pool: MemPool | None, copy_outputs: bool, buckets: Any,
                  dynamic_dim: Any, pad: Any, memory_budget: int | None, strict: bool,
-                 check: Callable[[MemPool], OutputCheck] | None = None) -> None:
+                 check: Callable[[MemPool], OutputCheck] | None = None,
+                 inputs: str = "copy") -> None:
         _check_devices(sample_args)
         self.__wrapped__ = fn
         name = getattr(fn, "__name__", type(fn).__name__)
@@ -263,7 +283,7 @@ class BucketedFunction(Bucketed):
         def capture(args: tuple, pool: MemPool) -> CapturedBucket:
             with _on_device(device):  # capture_all() may run under another device
                 _warm_up(fn, args, num_warmup_iters)
-                cuda_graph = Graph()
+                cuda_graph = Graph(keep_graph=inputs == "rebind")
                 with graph(cuda_graph, pool=pool):
                     outputs = fn(*args)
             seq = order_for(pool).next_seq()  # before any other capture
@@ -273,12 +293,12 @@ class BucketedFunction(Bucketed):
             exec_handle = cuda_graph.raw_graph_exec
             return CapturedBucket(
                 lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
-                seq)
+                seq, graph=cuda_graph if inputs == "rebind" else None)
 
         super().__init__(ops=CUPY, sample_args=sample_args, buckets=buckets,
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,
                          strict=strict, pool=pool, copy_outputs=copy_outputs, capture=capture,
-                         eager=fn, name=name, check=check)
+                         eager=fn, name=name, check=check, inputs=inputs)
 
     def __call__(self, *args: Any) -> Any:
         if FLAGS.multi_device and _cuda.current_device() != self._device:

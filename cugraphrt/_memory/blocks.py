@@ -117,6 +117,7 @@ class BlockArena:
         self.active_bytes = 0
         self.peak_active_bytes = 0
         self.marked_segments = 0  # segments a rolled-back capture left, to go back once free
+        self._spans: tuple | None = None  # (starts, ends) of the segments, until they change
         self._pins: dict[Hashable, frozenset[Segment]] = {}
 
     @property
@@ -221,7 +222,18 @@ class BlockArena:
         segment = Segment(ptr, seg_size, small, owner)
         self.segments[ptr] = segment
         self.reserved_bytes += seg_size
+        self._spans = None
         return segment
+
+    def spans(self) -> tuple:
+        """``(starts, ends, low, high)``: the segments' sorted start and end addresses (lists)
+        and the lowest start and highest end; the same tuple object until a segment comes
+        or goes (callers compare it by identity)."""
+        if self._spans is None:
+            ordered = sorted((s.ptr, s.ptr + s.size) for s in list(self.segments.values()))
+            starts, ends = [a for a, _ in ordered], [b for _, b in ordered]
+            self._spans = (starts, ends, starts[0] if starts else 0, max(ends, default=0))
+        return self._spans
 
     # -- blocks as objects (outside the hot path) ------------------------------------------
 
@@ -291,6 +303,7 @@ class BlockArena:
             if segment.release_when_free:
                 self.marked_segments -= 1
             del self.segments[segment.ptr]
+            self._spans = None
             self.reserved_bytes -= segment.size
             released += segment.size
             self.backing.free(segment.ptr, segment.size)

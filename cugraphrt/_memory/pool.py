@@ -319,6 +319,11 @@ class MemPool:
         finally:
             lock.release()
 
+    def _spans(self) -> tuple:
+        """The pool's segments as :meth:`BlockArena.spans` gives them: what the
+        rebinding step checks an argument against (cugraphrt._callables.rebind)."""
+        return self._arena.spans()
+
     def _drain_pending(self) -> None:
         pending = self._pending_frees
         while pending:

@@ -91,10 +91,11 @@ def _inference_layout(metric: str) -> dict[str, tuple[str, tuple[str, ...], str]
 
 
 def run_torch_rows(ctx: Context, layout, packages: tuple[str, ...], in_quick: bool,
-         body: Callable[[Context, Any, dict[str, RowBuilder]], None]) -> None:
+         body: Callable[[Context, Any, dict[str, RowBuilder]], None],
+         subject: str = "cugraphrt_torch") -> None:
     """Rows from ``layout``; ``body(ctx, torch, rows)`` fills them unless the workload is
     skipped. Rows are emitted even when ``body`` raises."""
-    rows = rows_of(layout, "cugraphrt_torch")
+    rows = rows_of(layout, subject)
     reason = skip_reason(ctx, "torch", *packages, in_quick=in_quick)
     if reason is not None:
         emit_all(ctx, rows, reason)

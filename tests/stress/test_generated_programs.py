@@ -41,6 +41,10 @@ pytestmark = pytest.mark.gpu
 #: Programs per mode and case: the normal run, and --stress (on top of the normal run).
 CUPY_PROGRAMS = {"short": 50, "long": 500}
 TORCH_PROGRAMS = {"short": 25, "long": 250}
+#: inputs="rebind" (graphed and buckets ways): 3,000 programs under --stress (issue 37).
+REBIND_CUPY_PROGRAMS = {"short": 40, "long": 1000}
+REBIND_TORCH_PROGRAMS = {"short": 20, "long": 500}
+REBIND_MODES = ("graphed", "buckets")
 #: Torch keeps a reset graph's private segments cached until empty_cache (docs/reliability.md).
 TORCH_EMPTY_CACHE_EVERY = 20
 
@@ -78,8 +82,8 @@ class CupyCapturer:
         self._keep(g, self._graphs)
         return g.replay
 
-    def graphed(self, fn, sample, program: Program):
-        graphed = cugraphrt.make_graphed(fn, tuple(sample), num_warmup_iters=1,
+    def graphed(self, fn, sample, program: Program, inputs: str = "copy"):
+        graphed = cugraphrt.make_graphed(fn, tuple(sample), num_warmup_iters=1, inputs=inputs,
                                          **_bucket_options(program))
         self._keep(graphed, self._graphed)
         return graphed
@@ -122,9 +126,9 @@ class TorchCapturer(CupyCapturer):
         self._keep(g, self._graphs)
         return g.replay
 
-    def graphed(self, fn, sample, program: Program):
+    def graphed(self, fn, sample, program: Program, inputs: str = "copy"):
         graphed = self.adapter.graph_module(self.module(fn), tuple(sample), num_warmup_iters=1,
-                                            **_bucket_options(program))
+                                            inputs=inputs, **_bucket_options(program))
         self._keep(graphed, self._graphed)
         return graphed
 
@@ -133,6 +137,33 @@ class TorchCapturer(CupyCapturer):
         self.programs += 1
         if self.programs % TORCH_EMPTY_CACHE_EVERY == 0:
             self.torch.cuda.empty_cache()
+
+
+class Rebinding:
+    """Wraps a capturer so that its graphed callables take ``inputs="rebind"``; counts the
+    callables that rebind and those whose plan was incomplete (they copy, warning once)."""
+
+    def __init__(self, capturer) -> None:
+        self.inner = capturer
+        self.rebound = self.copied = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def graphed(self, fn, sample, program: Program):
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            graphed = self.inner.graphed(fn, sample, program, inputs="rebind")
+            if hasattr(graphed, "capture_all"):  # every bucket's plan made (and counted) now
+                graphed.capture_all(progress=False)
+        fell_back = any("falls back to copying" in str(w.message) for w in caught)
+        if fell_back:
+            self.copied += 1
+        else:
+            self.rebound += 1
+        return graphed
 
 
 def _bucket_options(program: Program) -> dict:
@@ -172,11 +203,23 @@ def _run_programs(label: str, mode: str, count: int, backend, capturer, figures)
         check()
     finally:
         cugraphrt.set_pool_checks(before)
+    rebinding = (f"; inputs='rebind': {capturer.rebound} callables rebound, "
+                 f"{capturer.copied} copied (incomplete plan)"
+                 if isinstance(capturer, Rebinding) else "")
     figures.add(f"generated programs/{label} {mode}",
                 f"{tally.describe()}; {capturer.dropped} graphs or callables kept only by "
-                f"their replay handle (seed {case_seed})")
+                f"their replay handle (seed {case_seed}){rebinding}")
     assert tally.programs >= count * 0.9, f"only {tally.programs} of {count} programs ran"
     assert capturer.dropped > 0, "no graph was kept only by its replay handle"
+
+
+def _require_torch_cuda() -> None:
+    torch = pytest.importorskip("torch", reason="the torch programs need torch")
+    if not torch.cuda.is_available():
+        if REQUIRE_GPU:
+            pytest.fail("CUGRAPHRT_REQUIRE_GPU=1 but torch sees no CUDA device (a CPU build of "
+                        "torch?)", pytrace=False)
+        pytest.skip("needs a CUDA build of torch")
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -187,11 +230,29 @@ def test_cupy_programs_replay_like_eager_runs(mode, level, figures):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_torch_programs_replay_like_eager_runs(mode, level, figures):
-    torch = pytest.importorskip("torch", reason="the torch programs need torch")
-    if not torch.cuda.is_available():
-        if REQUIRE_GPU:
-            pytest.fail("CUGRAPHRT_REQUIRE_GPU=1 but torch sees no CUDA device (a CPU build of "
-                        "torch?)", pytrace=False)
-        pytest.skip("needs a CUDA build of torch")
+    _require_torch_cuda()
     count = level.pick(short=TORCH_PROGRAMS["short"], long=TORCH_PROGRAMS["long"])
     _run_programs("torch", mode, count, TorchBackend("cuda"), TorchCapturer(count), figures)
+
+
+@pytest.mark.parametrize("mode", REBIND_MODES)
+def test_cupy_programs_rebound_replay_like_eager_runs(mode, level, figures, monkeypatch):
+    """inputs="rebind": each call's arrays are rebound (or, for an incomplete plan, copied)
+    and the replays equal eager runs of the same program. The programs' arrays are small:
+    every input is rebound, whatever its size (CUGRAPHRT_REBIND_MIN_BYTES=0)."""
+    monkeypatch.setenv("CUGRAPHRT_REBIND_MIN_BYTES", "0")
+    count = level.pick(short=REBIND_CUPY_PROGRAMS["short"], long=REBIND_CUPY_PROGRAMS["long"])
+    capturer = Rebinding(CupyCapturer(count))
+    _run_programs("cupy rebind", mode, count, CupyBackend(), capturer, figures)
+    assert capturer.rebound > capturer.copied, "most programs must rebind, not copy"
+
+
+@pytest.mark.parametrize("mode", REBIND_MODES)
+def test_torch_programs_rebound_replay_like_eager_runs(mode, level, figures, monkeypatch):
+    monkeypatch.setenv("CUGRAPHRT_REBIND_MIN_BYTES", "0")
+    _require_torch_cuda()
+    count = level.pick(short=REBIND_TORCH_PROGRAMS["short"],
+                       long=REBIND_TORCH_PROGRAMS["long"])
+    capturer = Rebinding(TorchCapturer(count))
+    _run_programs("torch rebind", mode, count, TorchBackend("cuda"), capturer, figures)
+    assert capturer.rebound > capturer.copied, "most programs must rebind, not copy"

@@ -132,7 +132,8 @@ def test_every_issue_workload_is_registered_in_order():
     names = [w.name for w in runner.WORKLOADS]
     assert names == ["replay", "chain", "cupy_mlp", "torch_infer", "torch_train",
                      "pool_sharing", "capture_time", "pool_alloc", "serving", "cg_tolerance",
-                     "hf_decode", "resnet50", "decode_until_eos", "ddp", "tp_decode", "dist_cg",
+                     "hf_decode", "resnet50", "decode_until_eos", "rebind", "ddp", "tp_decode",
+                     "dist_cg",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]
     for workload in runner.WORKLOADS:
         for target in workload.targets:
