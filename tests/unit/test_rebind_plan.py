@@ -107,3 +107,72 @@ def test_kernel_setter_lays_parameters_out_and_points_cuda_at_them():
     words[0] = A + 4096  # what a rebinding stores is what CUDA reads
     assert ctypes.c_uint64.from_address(table[0]).value == A + 4096
     assert setter.kind == "KERNEL"
+
+
+class _FakeGraph:
+    """Nodes of a made-up graph for build_plan: ('KERNEL', KernelParams) or ('MEMCPY', obj)."""
+
+    def __init__(self, monkeypatch, nodes):
+        from cugraphrt._cuda import node_params as npar
+
+        self.nodes = nodes
+        monkeypatch.setattr(rp._nodes, "nodes", lambda graph: list(range(len(nodes))))
+        monkeypatch.setattr(rp._nodes, "kind", lambda node: nodes[node][0])
+        monkeypatch.setattr(npar, "kernel_params", lambda node: nodes[node][1])
+        monkeypatch.setattr(npar, "copy_params", lambda node: nodes[node][1])
+
+
+def _kernel(*raws: bytes, why_not=None):
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from cugraphrt._cuda import node_params as npar
+
+    offsets, at = [], 0
+    for raw in raws:
+        offsets.append(at)
+        at += (len(raw) + 7) // 8 * 8
+    return npar.KernelParams(driver.CUDA_KERNEL_NODE_PARAMS(), offsets,
+                             [len(r) for r in raws], list(raws), why_not)
+
+
+EXTENTS = [(A, A, A + 4096), (B, B, B + (2 << 20))]  # a 4 KiB input and a 2 MiB one
+
+
+def test_build_plan_finds_sites_and_leaves_small_inputs_to_copies(monkeypatch):
+    _FakeGraph(monkeypatch, [("KERNEL", _kernel(_q(A + 16), b"\x01\0\0\0")),
+                             ("KERNEL", _kernel(_q(7, B + 64, B)))])
+    plan = rp.build_plan(object(), EXTENTS, ["x", "w"])
+    assert plan.complete and plan.sites_per_input == [1, 2]
+    assert sorted(plan.site_delta.tolist()) == [0, 16, 64]
+    assert len(plan.setters) == 2
+    words = plan.words.tolist()
+    assert A + 16 in words and B + 64 in words and 7 in words  # the capture's values
+    small = rp.build_plan(object(), EXTENTS, ["x", "w"], min_bytes=1 << 20)
+    assert small.complete and small.sites_per_input == [0, 2] and len(small.setters) == 1
+    assert "x: copied (smaller than" in small.explain(["x", "w"])
+
+
+def test_build_plan_reasons(monkeypatch):
+    _FakeGraph(monkeypatch, [("KERNEL", _kernel(_q(A + 4096)))])
+    assert "end pointer" in rp.build_plan(object(), EXTENTS, ["x", "w"]).reasons[0]
+    _FakeGraph(monkeypatch, [("KERNEL", _kernel(why_not="it names no function"))])
+    assert "cannot be read" in rp.build_plan(object(), EXTENTS, ["x", "w"]).reasons[0]
+
+    class HostCopy:
+        srcMemoryType, dstMemoryType, srcDevice, dstDevice = 1, 2, 0, A
+        Height = Depth = 1
+
+    _FakeGraph(monkeypatch, [("MEMCPY", HostCopy())])
+    assert "host memory" in rp.build_plan(object(), EXTENTS, ["x", "w"]).reasons[0]
+
+
+def test_min_bytes_default_and_environment(monkeypatch):
+    from cugraphrt._callables import rebind
+
+    monkeypatch.delenv(rebind.MIN_BYTES_ENV, raising=False)
+    assert rebind.min_bytes() == 1 << 20
+    monkeypatch.setenv(rebind.MIN_BYTES_ENV, "0")
+    assert rebind.min_bytes() == 0
+    for bad in ("-1", "1MiB"):
+        monkeypatch.setenv(rebind.MIN_BYTES_ENV, bad)
+        with pytest.raises(OptionsError, match=rebind.MIN_BYTES_ENV):
+            rebind.min_bytes()
