@@ -143,6 +143,8 @@ def make_graphed(
     cuda_graph = Graph(keep_graph=inputs == "rebind")  # the plan reads the graph's nodes
     with graph(cuda_graph, pool=pool):
         outputs = fn(*sample_args)
+    if inputs == "rebind":
+        cuda_graph.instantiate()  # now, as without keep_graph: errors here, not at a call
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
     check = OutputCheck(label, FIX, order, CUPY) if checked else None
