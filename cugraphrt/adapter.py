@@ -44,7 +44,8 @@ from typing import Any
 
 from cugraphrt import _tree
 from cugraphrt._callables.bucket_plan import resolve_buckets
-from cugraphrt._callables.buckets import Bucketed, CapturedBucket
+from cugraphrt._callables.bucket_table import CapturedBucket, instantiate_measured
+from cugraphrt._callables.buckets import Bucketed
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
 from cugraphrt._callables.cupy_framework import CUPY, CupyFramework
 from cugraphrt._callables.framework import Framework
@@ -93,6 +94,7 @@ __all__ = [
     "Framework", "CUPY", "CupyFramework",
     # callables
     "CallPath", "CopyIn", "HandOut", "Mismatch", "Bucketed", "CapturedBucket",
+    "instantiate_measured",
     "resolve_buckets", "load_step", "plan_for", "rebind_step", "byte_extent", "INPUT_MODES",
     "check_inputs_mode", "OutputCheck", "OutputOps", "OverwriteOrder", "order_for",
     "resolve_check_outputs", "CHECK_OUTPUTS_ENV",

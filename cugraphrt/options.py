@@ -157,7 +157,18 @@ class BucketStat(Frozen):
     capture_seconds : float
         Wall time spent capturing it (warm-up included), all captures together.
     reserved_growth_bytes : int
-        How much the shared pool's reserved bytes grew during its last capture.
+        How much the shared pool's reserved bytes grew during its last capture: the bucket's
+        *private* bytes, memory no bucket captured before it had reserved.
+    shared_bytes : int
+        The pool's reserved bytes its last capture found already there, which it could reuse:
+        memory it shares with the buckets captured before it.
+    exec_bytes : int or None
+        Device memory its executable took, measured with ``cudaMemGetInfo`` around the
+        instantiation (the driver allocates in pages: 0 or a multiple of 2 MiB); None before
+        the first capture.
+    warm_retries : int
+        Captures of it without warm-ups that failed and were warmed up and captured again
+        (only a family's first capture runs warm-ups: docs/shapes.md).
     """
 
     size: int = Field(ge=1)
@@ -168,6 +179,9 @@ class BucketStat(Frozen):
     padded_rows: int = Field(ge=0)
     capture_seconds: float = Field(ge=0)
     reserved_growth_bytes: int = Field(ge=0)
+    shared_bytes: int = Field(default=0, ge=0)
+    exec_bytes: int | None = Field(default=None, ge=0)
+    warm_retries: int = Field(default=0, ge=0)
 
 
 class BucketStats(Frozen):
@@ -187,6 +201,15 @@ class BucketStats(Frozen):
         The budget the pool's reserved bytes are held under.
     pool : PoolStats
         The one pool all buckets share.
+    predicted_reserved_bytes : int or None
+        What :meth:`~cugraphrt.BucketedFunction.predict_reserved_bytes` said the family
+        would reserve (None if it was not called); compare with ``pool.reserved_bytes``.
+    shares_outputs : bool
+        Whether the buckets' outputs share memory (a family with a pool of its own: outputs
+        live in memory the next capture may reuse, valid until the next call of any bucket);
+        False when the pool was given, or the framework cannot alias its arrays.
+    exec_bytes : int
+        Device memory the captured buckets' executables took, all together.
     """
 
     buckets: tuple[BucketStat, ...]
@@ -194,16 +217,20 @@ class BucketStats(Frozen):
     fallbacks: dict[str, int]
     memory_budget: int | None
     pool: PoolStats
+    predicted_reserved_bytes: int | None = None
+    shares_outputs: bool = False
+    exec_bytes: int = Field(default=0, ge=0)
 
     def __str__(self) -> str:
         from cugraphrt.errors import _fmt_bytes
 
         header = ("bucket", "captured", "calls", "captures", "evictions", "padded rows",
-                  "capture ms", "pool growth")
+                  "capture ms", "private", "shared", "executable")
         rows = [header] + [(
             str(b.size), "yes" if b.captured else "no", str(b.calls), str(b.captures),
             str(b.evictions), str(b.padded_rows), f"{b.capture_seconds * 1e3:.1f}",
-            _fmt_bytes(b.reserved_growth_bytes)) for b in self.buckets]
+            _fmt_bytes(b.reserved_growth_bytes), _fmt_bytes(b.shared_bytes),
+            "-" if b.exec_bytes is None else _fmt_bytes(b.exec_bytes)) for b in self.buckets]
         widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(self.fallbacks.items())) or "none"
@@ -212,6 +239,11 @@ class BucketStats(Frozen):
         lines.append(f"pool {self.pool.pool_id}: reserved {_fmt_bytes(self.pool.reserved_bytes)}"
                      f", active {_fmt_bytes(self.pool.active_bytes)}, "
                      f"{self.pool.live_graphs} graphs, budget {budget}")
+        predicted = ("not asked" if self.predicted_reserved_bytes is None
+                     else _fmt_bytes(self.predicted_reserved_bytes))
+        lines.append(f"predicted reservation {predicted}; executables "
+                     f"{_fmt_bytes(self.exec_bytes)}; outputs "
+                     f"{'shared' if self.shares_outputs else 'per bucket'}")
         return "\n".join(lines)
 
 

@@ -66,8 +66,15 @@ def main() -> None:
 
     served = cugraphrt_torch.graph_module(model, images(MAX_BATCH), buckets="pow2")
     start = time.perf_counter()
+    # What the whole family will reserve, known from its largest bucket (captured now): a
+    # server sizes its caches from the memory left (docs/shapes.md, "Sizing memory").
+    predicted = served.predict_reserved_bytes()
     served.capture_all()  # a progress bar on a terminal; without it, buckets capture lazily
     print(f"{name}: captured buckets {served.buckets} in {time.perf_counter() - start:.2f} s")
+    reserved = served.stats().pool.reserved_bytes
+    print(f"graph memory: predicted {predicted / 2**20:.1f} MiB, reserved "
+          f"{reserved / 2**20:.1f} MiB")
+    assert abs(reserved / predicted - 1) <= 0.05, "the prediction holds within 5%"
 
     for n in (1, 3, 8, 17, 32):
         x = images(n)

@@ -34,7 +34,8 @@ from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
-           "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool"]
+           "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool",
+           "MemoryKeep"]
 
 # void* alloc(size_t size, int device, cudaStream_t stream)
 # void free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -90,13 +91,13 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
     and a body is captured under an id of its own (see cugraphrt.adapter.control). So the body gets
     a     torch MemPool of its own on this thread, built on the same allocator, and the body's
     capture id is served like the capture's. The MemPool lives as long as the graph (its
-    blocks are the body's memory on every replay), and goes with it (:class:`_BodyPool`).
+    blocks are the body's memory on every replay), and goes with it (:class:`MemoryKeep`).
     """
     import torch
 
     with torch.cuda.device(capture.device_id):
         mempool = hold(torch.cuda.MemPool(allocator()))
-    capture.keepalive.append(_BodyPool(mempool))
+    capture.keepalive.append(MemoryKeep(mempool))
     with _lock:
         _underway[body_id] = _underway[capture.capture_id]
     try:
@@ -107,10 +108,16 @@ def body_pool(capture, body_id: int) -> Iterator[None]:
             _underway.pop(body_id, None)
 
 
-class _BodyPool:
-    """A body's torch MemPool, kept by its graph. When the graph lets go, the MemPool is
-    released at the next safe point, now if no capture is underway: not as a cost of the
-    next capture, and not never (torch gives its segments back only once it is gone)."""
+class MemoryKeep:
+    """Keeps a torch MemPool, so its segments stay mapped, for memory no tensor owns: a
+    conditional body's pool (kept by its graph), a capture's pool under shape buckets' shared
+    outputs (kept by the outputs: ``cugraphrt_torch.graph.memory``).
+
+    The MemPool is also held in ``_held`` until a safe point. When the last holder lets go,
+    so does this, and it sweeps: the segments go back then (now, or when the capture underway
+    ends), not at the next capture, and not never (torch gives them back only once the
+    MemPool is gone).
+    """
 
     __slots__ = ("mempool",)
 

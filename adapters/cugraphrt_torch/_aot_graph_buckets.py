@@ -165,7 +165,9 @@ class _Calls:
     def eager(self, *_: Any) -> Any:
         return self.compiled(list(self.args))
 
-    def capture(self, bucket_args: tuple, pool: MemPool) -> CapturedBucket:
+    def capture(self, bucket_args: tuple, pool: MemPool, warm: bool = True) -> CapturedBucket:
+        # Every size runs once first, whatever ``warm`` says: compiled code may launch other
+        # kernels at another size, which must be loaded before a capture.
         plan = self.plan
         size = bucket_args[plan.copied.index(self.probe_index)].shape[self.probe_dim]
         inputs = list(self.args)

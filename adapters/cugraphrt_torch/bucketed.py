@@ -15,7 +15,7 @@ import cupy
 import torch
 
 from cugraphrt import Graph, MemPool
-from cugraphrt.adapter import Bucketed, CapturedBucket, order_for
+from cugraphrt.adapter import Bucketed, CapturedBucket, instantiate_measured, order_for
 from cugraphrt.errors import ReplayError
 
 from ._output_check import FIX_COPY, make_check
@@ -60,14 +60,17 @@ class BucketedModule:
 
         # The callbacks reach the module and the device, never self: self holds the core, and
         # a cycle would keep the graphs alive until a garbage collection.
-        def capture(args: tuple, pool: MemPool) -> CapturedBucket:
+        def capture(args: tuple, pool: MemPool, warm: bool) -> CapturedBucket:
             with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
                     cupy.cuda.Device(device):
-                warm_up(args)
-                cuda_graph = Graph()
+                if warm:
+                    warm_up(args)
+                # Kept, to instantiate it apart and measure the executable (BucketStat).
+                cuda_graph = Graph(keep_graph=True)
                 session = graph(cuda_graph, pool=pool)
                 with session:
                     outputs = module(*args)
+                exec_bytes = instantiate_measured(cuda_graph)
             seq = order_for(pool).next_seq()  # before any other capture
             replay = session._replay
             assert replay is not None
@@ -75,8 +78,10 @@ class BucketedModule:
             # bucket graphs of one pool may replay in any order (see the buckets module). Go
             # through the adapter's replay object, never torch's bound method: a reset
             # disarms the former, while the latter would keep torch's graph and pool alive.
+            # The torch MemPool keeps the outputs' memory mapped once they share it.
             return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq,
-                                  graph=cuda_graph if inputs == "rebind" else None)
+                                  graph=cuda_graph if inputs == "rebind" else None,
+                                  memory=session.memory, exec_bytes=exec_bytes)
 
         def check(pool: MemPool):
             return make_check(check_outputs, f"graph_module({type(module).__name__}, buckets)",
@@ -98,6 +103,7 @@ class BucketedModule:
         self.pool = self._core.pool
         self.stats = self._core.stats
         self.release = self._core.release
+        self.predict_reserved_bytes = self._core.predict_reserved_bytes
 
     def __call__(self, *args: Any) -> Any:
         if self.module.training != self._training:

@@ -84,6 +84,11 @@ class graph:
         The torch graph that owns the capture, after a successful exit; None before, and
         once ``cuda_graph`` let it go (reset, or garbage collected). A weak reference: the
         Graph owns it, and destroys it as soon as it lets go.
+    memory : object or None
+        After a successful exit, what keeps the torch MemPool the capture allocated from:
+        while it lives, torch never returns that pool's segments (to the cugraphrt pool), so
+        memory the capture's tensors let go of stays mapped (shape buckets share outputs
+        that way); when it dies, the pool goes at the next safe point.
 
     Examples
     --------
@@ -110,6 +115,7 @@ class graph:
         self.stream = stream
         self._torch_graph: Callable[[], Any] = _no_graph
         self._replay: _Replay | None = None
+        self.memory: Any = None
         self._session: _TorchCapture | None = None
         self._contexts: contextlib.ExitStack | None = None
 
@@ -148,6 +154,7 @@ class graph:
             if exc is None:
                 self._torch_graph = weakref.ref(session.end())
                 self._replay = session.replay
+                self.memory = _alloc.MemoryKeep(session.mempool)
                 return False
             session.abort(exc)
         finally:

@@ -17,12 +17,13 @@ import importlib.util
 import cupy
 import torch
 
+from cugraphrt.adapter import byte_extent
 from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import OptionsError
 
 from . import _torch
 
-__all__ = ["to_cupy", "from_cupy", "cupy_dtype_name", "torch_dtype_for"]
+__all__ = ["to_cupy", "from_cupy", "cupy_dtype_name", "torch_dtype_for", "unowned"]
 
 _TORCH_TO_CUPY = {
     torch.bool: "bool",
@@ -183,6 +184,28 @@ def from_cupy(array: cupy.ndarray) -> torch.Tensor:
         except TypeError:  # a CuPy without the keyword-only protocol
             capsule = array.toDlpack()
     return torch.from_dlpack(capsule)
+
+
+def unowned(tensor: torch.Tensor, keep: object) -> torch.Tensor:
+    """An alias of ``tensor``'s memory that does not own it, and keeps ``keep`` alive.
+
+    Once ``tensor`` (and every other owner) is gone, torch's allocator counts the memory as
+    free and may give it to another tensor; the alias still reads it. Shape buckets use it so
+    the next capture can reuse a bucket's outputs' memory (:class:`cugraphrt.adapter.
+    CapturedBucket`), with ``keep`` the torch MemPool whose segments torch keeps while it
+    lives. Any dtype, bfloat16 included: the memory goes through DLPack as bytes (a CuPy
+    ``UnownedMemory``, public CuPy API) and takes ``tensor``'s dtype and strides in torch.
+    """
+    if tensor.numel() == 0 or not tensor.is_cuda:
+        return tensor  # no device memory to share
+    size = tensor.element_size()
+    low, high = byte_extent(tensor.data_ptr(), tuple(tensor.shape),
+                            [s * size for s in tensor.stride()], size)
+    device = tensor.device.index
+    memory = cupy.cuda.UnownedMemory(low, high - low, keep, device)
+    raw = cupy.ndarray((high - low,), cupy.uint8, cupy.cuda.MemoryPointer(memory, 0))
+    base = from_cupy(raw).view(tensor.dtype)
+    return base.as_strided(tensor.shape, tensor.stride(), (tensor.data_ptr() - low) // size)
 
 
 def _order(producer: int, consumer: int) -> None:

@@ -18,7 +18,7 @@ import torch
 
 from cugraphrt.adapter import byte_extent
 
-from . import _output_check, _torch
+from . import _output_check, _torch, dlpack
 from .capture import graph
 
 __all__ = ["TORCH", "TorchFramework"]
@@ -61,6 +61,9 @@ class TorchFramework:
     @staticmethod
     def clone(array: torch.Tensor) -> torch.Tensor:
         return array.clone()
+
+    #: For shape buckets: outputs that let the next capture reuse their memory.
+    unowned = staticmethod(dlpack.unowned)
 
     @staticmethod
     def is_contiguous(array: torch.Tensor) -> bool:

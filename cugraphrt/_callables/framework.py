@@ -54,6 +54,13 @@ class Framework(Protocol):
     # comparable; on the call path, best C-level) and ``extent(array) -> (lo, hi)``, the
     # device bytes the array covers (cugraphrt.adapter.byte_extent computes it). Without
     # them, rebinding falls back to copying.
+    #
+    # Optional, for shape buckets (docs/shapes.md, "Sizing memory for serving"):
+    # ``unowned(array, keep)``, an alias of ``array``'s memory that does not own it and keeps
+    # ``keep`` alive; the caller then drops ``array``, so its memory goes back to the pool for
+    # the next capture. ``keep`` is what the capture's front end says holds that memory mapped
+    # (:class:`cugraphrt.adapter.CapturedBucket`'s ``memory``). Without it, every bucket's
+    # outputs keep memory of their own.
 
     def same_layout(self, value: Any, static: Any) -> bool:
         """For ``value`` at ``static``'s address: whether it is ``static`` laid out alike

@@ -8,7 +8,8 @@ from typing import Any
 import cupy
 
 from cugraphrt import _tree
-from cugraphrt._callables.buckets import Bucketed, CapturedBucket
+from cugraphrt._callables.bucket_table import CapturedBucket, instantiate_measured
+from cugraphrt._callables.buckets import Bucketed
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
 from cugraphrt._callables.checked_views import FIX
 from cugraphrt._callables.cupy_framework import CUPY
@@ -282,12 +283,15 @@ class BucketedFunction(Bucketed):
         self._device = device = _cuda.get_device()
         _graphs._note_devices()
 
-        def capture(args: tuple, pool: MemPool) -> CapturedBucket:
+        def capture(args: tuple, pool: MemPool, warm: bool) -> CapturedBucket:
             with _on_device(device):  # capture_all() may run under another device
-                _warm_up(fn, args, num_warmup_iters)
-                cuda_graph = Graph(keep_graph=inputs == "rebind")
+                if warm:
+                    _warm_up(fn, args, num_warmup_iters)
+                # Kept, to instantiate it apart and measure the executable (BucketStat).
+                cuda_graph = Graph(keep_graph=True)
                 with graph(cuda_graph, pool=pool):
                     outputs = fn(*args)
+                exec_bytes = instantiate_measured(cuda_graph)
             seq = order_for(pool).next_seq()  # before any other capture
             # The bucket graphs of one pool may replay in any order (see
             # cugraphrt._callables.buckets):
@@ -295,7 +299,7 @@ class BucketedFunction(Bucketed):
             exec_handle = cuda_graph.raw_graph_exec
             return CapturedBucket(
                 lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
-                seq, graph=cuda_graph if inputs == "rebind" else None)
+                seq, graph=cuda_graph if inputs == "rebind" else None, exec_bytes=exec_bytes)
 
         super().__init__(ops=CUPY, sample_args=sample_args, buckets=buckets,
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,

@@ -19,7 +19,7 @@ __all__ = ["BrokenInstall", "torch_module", "adapter_module", "adapter_function"
            "convnet", "release_torch", "HandGraph", "AdapterGraph", "on_stream",
            "reserved_growth",
            "capture_batch", "one_kernel_replay", "WARMUP_ITERS", "CAPTURE_TARGET",
-           "CAPTURE_BUILDS"]
+           "CAPTURE_BUILDS", "weak_ref"]
 
 WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
 #: The product target on capture time (issue 24): a build at most 5% over torch's, the
@@ -150,6 +150,19 @@ def release_torch(torch, *, workspaces: bool = True) -> None:
     torch.cuda.empty_cache()
     cugraphrt.empty_cache()
     cupy.get_default_memory_pool().free_all_blocks()
+
+
+def weak_ref(torch, tensor):
+    """A tensor over ``tensor``'s memory that does not own it (vLLM's ``weak_ref_tensors``,
+    through torch alone): once ``tensor`` dies, torch's allocator may reuse the memory."""
+    size = tensor.element_size()
+    span = (sum((n - 1) * s for n, s in zip(tensor.shape, tensor.stride(), strict=True))
+            + 1) * size
+    storage = torch._C._construct_storage_from_data_pointer(tensor.data_ptr(), tensor.device,
+                                                            span)
+    alias = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+    alias.set_(storage, 0, tensor.shape, tensor.stride())
+    return alias
 
 
 class HandGraph:

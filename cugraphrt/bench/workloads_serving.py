@@ -14,7 +14,9 @@ from 1..32 (:func:`batch_sizes`). Systems, per model:
   dict: no padding at all, the bound that bucketing is measured against.
 * ``torch_buckets`` (conv net): vLLM's way by hand: a ``torch.cuda.graph`` per bucket,
   largest first, in one ``torch.cuda.graph_pool_handle()``, every bucket's static input a
-  view of one buffer of the largest size, inputs padded by hand.
+  view of one buffer of the largest size, inputs padded by hand, outputs kept as weak
+  references as vLLM keeps them (:func:`~cugraphrt.bench.torch_common.weak_ref`: the next
+  capture may reuse their memory).
 
 A repeat is one pass over the whole stream between two device events
 (:func:`~cugraphrt.bench.timing.gpu_batch`): per-call time = the pass / 400. The events
@@ -61,6 +63,7 @@ from .torch_common import (
     convnet,
     release_torch,
     torch_module,
+    weak_ref,
 )
 from .workloads_cupy import MLP_LAYERS, MLP_WIDTH, mlp_forward, mlp_params, random_array
 from .workloads_torch import INFER_TOL
@@ -190,9 +193,12 @@ class HandBuckets:
     def __init__(self, torch, model, sample, buckets: tuple[int, ...]) -> None:
         pool = torch.cuda.graph_pool_handle()
         self.buffer = sample.new_zeros((max(buckets), *sample.shape[1:]))
-        self.graphs = {size: HandGraph(torch, model, self.buffer[:size], pool=pool,
-                                       copy_inputs=False)
-                       for size in sorted(buckets, reverse=True)}
+        self.graphs = {}
+        for size in sorted(buckets, reverse=True):
+            hand = HandGraph(torch, model, self.buffer[:size], pool=pool, copy_inputs=False)
+            # As vLLM keeps them: the next capture may reuse the outputs' memory.
+            hand.static_out = weak_ref(torch, hand.static_out)
+            self.graphs[size] = hand
         self.route = {n: self.graphs[min(b for b in buckets if b >= n)]
                       for n in range(1, max(buckets) + 1)}
 
@@ -286,6 +292,11 @@ def _device_bytes(release: Callable[[], None], build: Callable[[], Any] | None) 
     back when the built family is dropped, every cache emptied before each reading (what a
     server reclaims before sizing its KV cache).
 
+    ``release`` also drops torch's cached cuBLAS workspaces, so each family's first capture
+    makes its own, in its pool, as in a fresh server process, and it counts: a workspace
+    cached by an earlier build would otherwise be left out of torch's family and counted in
+    cugraphrt's (whose captures make theirs: docs/torch.md), 32 MiB on an H100.
+
     Read across the drop, not across the build: a build's captures also release what
     earlier graphs left for a safe point, which a reading before the build would count
     against it (on an H100 the serving family read -148 MiB that way).
@@ -367,7 +378,7 @@ def run_convnet(ctx: Context) -> None:
         inputs=inputs, copy=lambda x: x.clone(), to_host=lambda y: y.float().cpu().numpy(),
         timed_pass=functools.partial(_timed_pass, stream.cuda_stream), tol=INFER_TOL,
         torch_buckets=lambda: HandBuckets(torch, model, inputs[MAX_BATCH], BUCKETS),
-        release=functools.partial(release_torch, torch, workspaces=False))
+        release=functools.partial(release_torch, torch))
     try:
         with torch.no_grad(), torch.cuda.stream(stream):
             model(inputs[MAX_BATCH])  # cuDNN handle and kernels, billed to no system

@@ -8,6 +8,7 @@ torch = pytest.importorskip("torch")
 
 from cugraphrt_torch import BucketedModule, graph_module  # noqa: E402
 
+import cugraphrt  # noqa: E402
 from cugraphrt import ReplayError  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -76,18 +77,22 @@ class Doubling(torch.nn.Module):
         return x * 2
 
 
-def test_memory_budget_under_torch_evicts_and_stays_correct():
+@pytest.mark.parametrize("shared", [False, True], ids=["given_pool", "own_pool"])
+def test_memory_budget_under_torch_evicts_and_stays_correct(shared):
     # Each row is 4 MiB, so every bucket's output needs a segment of its own (torch carves
     # memory in coarse segments; small outputs would share one and never press the budget).
-    # The budget is what bucket 8 reserves alone: buckets 4 and 8 each fit, both together
-    # do not, so alternating between them must evict and re-capture.
+    # The budget is what bucket 8 reserves alone. With a given pool each bucket keeps its
+    # outputs: buckets 4 and 8 each fit, both together do not, so alternating between them
+    # must evict and re-capture. With a pool of its own the family shares its outputs'
+    # memory: bucket 4's output takes bucket 8's, both fit, nothing is evicted.
     model = Doubling()
     sample = torch.randn(8, 1024, 1024, device="cuda")
     alone = graph_module(model, sample, buckets=[8])
     alone.capture_all(progress=False)
     budget = alone.pool.stats().reserved_bytes
     del alone
-    graphed = graph_module(model, sample, buckets=[4, 8], memory_budget=budget)
+    pool = None if shared else cugraphrt.graph_pool_handle()
+    graphed = graph_module(model, sample, buckets=[4, 8], memory_budget=budget, pool=pool)
     for n in (7, 3, 8, 1, 4, 6, 2):
         x = torch.randn(n, 1024, 1024, device="cuda")
         torch.testing.assert_close(graphed(x), x * 2, rtol=0, atol=0)
@@ -95,5 +100,10 @@ def test_memory_budget_under_torch_evicts_and_stays_correct():
     stats = graphed.stats()
     by_size = {b.size: b for b in stats.buckets}
     assert (by_size[4].calls, by_size[8].calls) == (4, 3) and stats.eager_calls == 0
+    if shared:
+        assert stats.shares_outputs
+        assert [b.evictions for b in stats.buckets] == [0, 0]
+        assert [b.captures for b in stats.buckets] == [1, 1]
+        return
     assert sum(b.evictions for b in stats.buckets) >= 2
     assert sum(b.captures for b in stats.buckets) >= 4, "evicted buckets were captured again"

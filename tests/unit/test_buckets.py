@@ -65,7 +65,7 @@ class Recorder:
         self.captured: list[int] = []  # bucket sizes, in capture order
         self.seen: list[tuple] = []  # the static arguments each replay read
 
-    def __call__(self, args, pool):
+    def __call__(self, args, pool, warm=True):
         assert pool is self.pool  # the bucketed callable captures into its own pool
         size = args[0].shape[0]
         self.captured.append(size)
@@ -344,3 +344,123 @@ def test_release_and_stats_table():
 def test_bad_options(options, field):
     with pytest.raises(OptionsError, match=field):
         make(**options)
+
+
+class SharingOps(NumpyOps):
+    """NumpyOps that can alias an output without owning it (``unowned``), and note it."""
+
+    def __init__(self):
+        self.kept = []
+
+    def unowned(self, array, keep):
+        self.kept.append(keep)
+        return array.view()
+
+
+class KeepingRecorder(Recorder):
+    """A Recorder whose captures say what keeps their outputs' memory."""
+
+    def __call__(self, args, pool, warm=True):
+        entry = super().__call__(args, pool, warm)
+        entry.memory = ("memory of bucket", args[0].shape[0])
+        return entry
+
+
+def make_sharing(share_outputs=True, **options):
+    rng = np.random.default_rng(0)
+    sample = (rng.standard_normal((8, 4)), rng.standard_normal((4, 3)))
+    pool = MemPool(backing=FakeBackingAllocator())
+    recorder = KeepingRecorder(rowwise, pool, scratch_bytes=4 << 20, out_bytes=2 << 20)
+    ops = SharingOps()
+    bucketed = Bucketed(ops=ops, sample_args=sample, buckets="pow2", dynamic_dim=(0, None),
+                        pad=0, memory_budget=options.pop("memory_budget", None), strict=False,
+                        pool=pool, copy_outputs=False, capture=recorder, eager=rowwise,
+                        name="rowwise", share_outputs=share_outputs, **options)
+    return bucketed, recorder, ops, sample
+
+
+def test_shared_outputs_are_unowned_aliases_and_one_capture_number():
+    bucketed, recorder, ops, sample = make_sharing()
+    bucketed.capture_all(progress=False)
+    assert recorder.captured == [8, 4, 2, 1]
+    # Every output leaf went through unowned, kept by what its capture named.
+    assert ops.kept == [("memory of bucket", s) for s in (8, 8, 4, 4, 2, 2, 1, 1)]
+    seqs = {b.entry.seq for b in bucketed._table}
+    assert seqs == {bucketed._family_seq}  # any bucket's replay settles every bucket's outputs
+    assert bucketed.stats().shares_outputs
+    for n in (8, 3, 1, 6):
+        x = np.random.default_rng(n).standard_normal((n, 4))
+        got = bucketed(x, sample[1])
+        want = rowwise(x, sample[1])
+        np.testing.assert_allclose(got[0], want[0])
+        np.testing.assert_allclose(got[1], want[1])
+
+
+def test_a_given_pool_keeps_outputs_per_bucket():
+    bucketed, recorder, ops, _ = make_sharing(share_outputs=None)  # a pool was given
+    bucketed.capture_all(progress=False)
+    assert ops.kept == [] and not bucketed.stats().shares_outputs
+    assert bucketed._family_seq is None  # each bucket keeps the capture number it got
+
+
+def test_predict_captures_the_largest_only_and_reads_the_pool():
+    bucketed, recorder, _, _ = make_sharing()
+    predicted = bucketed.predict_reserved_bytes()
+    assert recorder.captured == [8]
+    assert predicted == bucketed.pool.stats().reserved_bytes > 0
+    bucketed.capture_all(progress=False)
+    stats = bucketed.stats()
+    assert stats.predicted_reserved_bytes == predicted
+    assert recorder.captured == [8, 4, 2, 1]
+    by_size = {b.size: b for b in stats.buckets}
+    assert by_size[8].shared_bytes == 0 and by_size[8].reserved_growth_bytes == predicted
+    assert all(by_size[s].shared_bytes >= predicted for s in (4, 2, 1))
+    text = str(stats)
+    assert "private" in text and "shared" in text
+    assert f"predicted reservation {predicted / (1 << 20):.2f} MiB" in text
+
+
+def test_predict_raises_when_the_largest_alone_exceeds_the_budget():
+    bucketed, recorder, _, _ = make_sharing(memory_budget=1 << 20)
+    with pytest.raises(ReplayError, match="largest bucket 8 alone needs more pool memory"):
+        bucketed.predict_reserved_bytes()
+
+
+def test_only_the_first_capture_warms_up_and_a_failed_cold_one_is_retried_warm():
+    bucketed, recorder, _, sample = make_sharing()
+    warms = []
+    inner = recorder.__call__
+
+    def capture(args, pool, warm):
+        warms.append((args[0].shape[0], warm))
+        if args[0].shape[0] == 2 and not warm:
+            raise RuntimeError("this size must run eagerly once first")
+        return inner(args, pool, warm)
+
+    bucketed._capture_fn = capture
+    bucketed.capture_all(progress=False)
+    assert warms == [(8, True), (4, False), (2, False), (2, True), (1, False)]
+    retries = {b.size: b.warm_retries for b in bucketed.stats().buckets}
+    assert retries == {1: 0, 2: 1, 4: 0, 8: 0}
+    x = np.random.default_rng(3).standard_normal((2, 4))
+    np.testing.assert_allclose(bucketed(x, sample[1])[0], rowwise(x, sample[1])[0])
+
+
+def test_a_cold_capture_out_of_pool_memory_is_not_retried():
+    from cugraphrt.errors import PoolOutOfMemoryError
+
+    bucketed, recorder, _, _ = make_sharing()
+    inner = recorder.__call__
+    calls = []
+
+    def capture(args, pool, warm):
+        calls.append(warm)
+        if not warm:
+            raise PoolOutOfMemoryError(1 << 20, 0, 0, 1 << 30)
+        return inner(args, pool, warm)
+
+    bucketed._capture_fn = capture
+    bucketed.predict_reserved_bytes()
+    with pytest.raises(PoolOutOfMemoryError):
+        bucketed.capture_all(progress=False)
+    assert calls == [True, False]
