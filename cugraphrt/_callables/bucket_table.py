@@ -7,13 +7,15 @@ bucketed callable keeps them. Split out of the buckets module to keep each modul
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
 from cugraphrt._callables.call_path import CallPath
 from cugraphrt._cuda import runtime as _cuda
 
-__all__ = ["BucketRecord", "CapturedBucket", "Clock", "Use", "instantiate_measured"]
+__all__ = ["BucketRecord", "CapturedBucket", "Clock", "Use", "instantiate_measured",
+           "takes_warm"]
 
 
 class CapturedBucket:
@@ -66,6 +68,17 @@ def instantiate_measured(graph: Any) -> int:
     before = _cuda.mem_info()[0]
     graph.instantiate()
     return max(0, before - _cuda.mem_info()[0])
+
+
+def takes_warm(capture: Callable[..., Any]) -> bool:
+    """Whether ``capture`` accepts ``(args, pool, warm)``."""
+    try:
+        inspect.signature(capture).bind(None, None, True)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to read (a builtin): assume the current interface
+        return True
+    return True
 
 
 class BucketRecord:

@@ -61,7 +61,7 @@ from cugraphrt._callables.bucket_plan import (
     sample_size,
 )
 from cugraphrt._callables.bucket_steps import BucketSteps
-from cugraphrt._callables.bucket_table import BucketRecord, CapturedBucket, Clock
+from cugraphrt._callables.bucket_table import BucketRecord, CapturedBucket, Clock, takes_warm
 from cugraphrt._callables.framework import Framework
 from cugraphrt._callables.rebind import check_inputs_mode
 from cugraphrt._memory.overwrites import OutputCheck, order_for
@@ -101,6 +101,9 @@ class Bucketed:
         self._inputs = check_inputs_mode(inputs)  # "rebind": calls of a bucket's own size
         self._ops = ops
         self._capture_fn = capture
+        # capture(args, pool) from an adapter written before ``warm`` existed: it warms up
+        # every capture itself, and is called so.
+        self._takes_warm = takes_warm(capture)
         self._trim = trim
         self._eager = eager
         self._name = name
@@ -255,6 +258,8 @@ class Bucketed:
         The family's first capture runs the front end's warm-ups; a later one captures at
         once, and only if that fails is it warmed up and captured again.
         """
+        if not self._takes_warm:
+            return self._capture_fn(args, pool)  # type: ignore[call-arg]
         if not self._warmed:
             entry = self._capture_fn(args, pool, True)
             self._warmed = True
@@ -442,3 +447,4 @@ class Bucketed:
         captured = sum(b.entry is not None for b in self._table)
         return (f"<{type(self).__name__} of {self._name}: buckets {list(self.buckets)}, "
                 f"{captured} captured, pool {self.pool.id}>")
+

@@ -111,8 +111,10 @@ def make_bucketed(fn: Callable, sample_args: tuple, buckets: Any, *, dynamic_dim
                   warmup: int = 2, pool: Any = None) -> Bucketed:
     """One graph per size of a dynamic dimension (``dynamic_dim``: per argument, or one for
     all), the core's shape buckets on minitensor."""
-    def capture(args: tuple, bucket_pool: Any) -> CapturedBucket:
-        cuda_graph, outputs, seq = _capture(fn, args, bucket_pool, warmup)
+    def capture(args: tuple, bucket_pool: Any, warm: bool) -> CapturedBucket:
+        # warm: the core asks for warm-ups on the family's first capture only (and to retry
+        # a later one that failed); a two-argument capture(args, pool) warms up every time.
+        cuda_graph, outputs, seq = _capture(fn, args, bucket_pool, warmup if warm else 0)
         return CapturedBucket(cuda_graph.replay, outputs, cuda_graph.reset, seq)
 
     return Bucketed(ops=MINI, sample_args=sample_args, buckets=buckets,

@@ -464,3 +464,30 @@ def test_a_cold_capture_out_of_pool_memory_is_not_retried():
     with pytest.raises(PoolOutOfMemoryError):
         bucketed.capture_all(progress=False)
     assert calls == [True, False]
+
+
+def test_a_two_argument_capture_is_called_without_warm():
+    # An adapter written before ``warm`` existed: capture(args, pool), warming up itself.
+    bucketed, recorder, _, sample = make_sharing()
+    inner = recorder.__call__
+    seen = []
+
+    def capture(args, pool):
+        seen.append(args[0].shape[0])
+        return inner(args, pool)
+
+    bucketed._capture_fn = capture
+    bucketed._takes_warm = False  # as the constructor finds for such a callback
+    bucketed.capture_all(progress=False)
+    assert seen == [8, 4, 2, 1]
+    x = np.random.default_rng(5).standard_normal((3, 4))
+    np.testing.assert_allclose(bucketed(x, sample[1])[0], rowwise(x, sample[1])[0])
+
+
+def test_the_constructor_reads_whether_capture_takes_warm():
+    from cugraphrt._callables.bucket_table import takes_warm as _takes_three
+
+    assert _takes_three(lambda args, pool, warm: None)
+    assert _takes_three(lambda args, pool, warm=True: None)
+    assert _takes_three(lambda *a: None)
+    assert not _takes_three(lambda args, pool: None)
