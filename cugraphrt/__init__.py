@@ -17,14 +17,9 @@ from cugraphrt._capture.stream_capture import is_current_stream_capturing
 from cugraphrt._control.bodies import BodyNodes
 from cugraphrt._control.loops import cond, while_loop
 from cugraphrt._libraries.capture_setup import prepare_capture as _prepare_capture
-from cugraphrt._memory.pool import (
-    MemPool,
-    empty_cache,
-    graph_pool_handle,
-    pool_checks_enabled,
-    set_pool_checks,
-)
+from cugraphrt._memory.pool import MemPool, empty_cache, graph_pool_handle
 from cugraphrt._memory.pool_summary import device_stats, memory_summary
+from cugraphrt._memory.replay_order import pool_checks_enabled, set_pool_checks
 from cugraphrt.distributed.replay import arm_graph as _arm_graph
 from cugraphrt.errors import (
     CaptureError,

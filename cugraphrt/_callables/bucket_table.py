@@ -36,9 +36,10 @@ class CapturedBucket:
         The Graph, keeping its definition: needed for ``inputs="rebind"``.
     memory : object, optional
         What keeps the memory of the capture's outputs mapped once the outputs let go of it
-        (torch: the capture's torch MemPool, whose segments torch never returns while it
-        lives). Given with a framework that has ``unowned``, the family's buckets share their
-        outputs' memory (see the module docstring).
+        (torch: a keeper of the capture's torch MemPool, whose segments torch never returns
+        while it lives; CuPy: the pool, whose holds pin a segment). Given with a framework
+        that has ``unowned``, the family's buckets share their outputs' memory
+        (:mod:`cugraphrt._callables.buckets`, "Outputs").
     exec_bytes : int, optional
         Device memory the executable took when instantiated (:func:`instantiate_measured`).
     """

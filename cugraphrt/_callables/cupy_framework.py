@@ -70,6 +70,22 @@ class CupyFramework(CupyViews):
         return array.copy()
 
     @staticmethod
+    def unowned(array: cupy.ndarray, keep: Any) -> cupy.ndarray:
+        """For shape buckets: an alias of a captured output in ``keep`` (the capture's
+        MemPool) that lets its block go back to the pool for the next capture, while a hold
+        keeps the block's segment on the device as long as the alias lives. An array whose
+        memory is not the pool's comes back as it is (nothing to share)."""
+        memory = array.data.mem
+        pool = getattr(memory, "pool", None)  # set on the pool's own leases
+        if array.size == 0 or pool is None or pool is not keep:
+            return array
+        low, high = byte_extent(array.data.ptr, array.shape, array.strides, array.itemsize)
+        alias = cupy.cuda.UnownedMemory(low, high - low, pool._hold(memory),
+                                        array.data.device_id)
+        return _ndarray(array.shape, array.dtype,
+                        cupy.cuda.MemoryPointer(alias, array.data.ptr - low), array.strides)
+
+    @staticmethod
     def is_contiguous(array: cupy.ndarray) -> bool:
         return bool(array._c_contiguous)
 

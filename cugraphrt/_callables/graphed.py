@@ -299,7 +299,8 @@ class BucketedFunction(Bucketed):
             exec_handle = cuda_graph.raw_graph_exec
             return CapturedBucket(
                 lambda: _launch(exec_handle, _current_stream().ptr), outputs, cuda_graph.reset,
-                seq, graph=cuda_graph if inputs == "rebind" else None, exec_bytes=exec_bytes)
+                seq, graph=cuda_graph if inputs == "rebind" else None, memory=pool,
+                exec_bytes=exec_bytes)
 
         super().__init__(ops=CUPY, sample_args=sample_args, buckets=buckets,
                          dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget,

@@ -22,7 +22,7 @@ import cupy
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.devices import stream_ptr
 from cugraphrt._flags import FLAGS
-from cugraphrt._memory import pool as _pool_module
+from cugraphrt._memory import replay_order as _checks_switch
 from cugraphrt.errors import ReplayError
 
 __all__ = ["Launcher"]
@@ -183,4 +183,4 @@ def _on_checks_toggled(enabled: bool) -> None:
     arm_all(_live)
 
 
-_pool_module._check_listeners.append(_on_checks_toggled)
+_checks_switch._check_listeners.append(_on_checks_toggled)

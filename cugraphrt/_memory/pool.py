@@ -32,14 +32,14 @@ from cupy.cuda.memory import MemoryPointer as _MemoryPointer
 from cupy.cuda.memory import UnownedMemory as _UnownedMemory
 
 from cugraphrt._cuda.devices import resolve_device
-from cugraphrt._flags import FLAGS
 from cugraphrt._memory.backing import (
     BackingOutOfMemoryError,
     CudaBackingAllocator,
     check_backing,
 )
 from cugraphrt._memory.blocks import Block, BlockArena, Segment
-from cugraphrt._memory.replay_order import ReplayOrder
+from cugraphrt._memory.holds import SegmentHold
+from cugraphrt._memory.replay_order import ReplayOrder, pool_checks_enabled, set_pool_checks
 from cugraphrt.errors import CaptureError, PoolOutOfMemoryError, _fmt_bytes
 from cugraphrt.options import PoolStats
 
@@ -86,6 +86,7 @@ class MemPool:
         self._arena = BlockArena(backing)
         self._lock = threading.Lock()
         self._pending_frees: list = []
+        self._pending_unpins: list = []  # keys of holds that died (_unhold)
         self._private = _private
         self._live_graphs = 0
         self._capture_token: Hashable | None = None
@@ -186,7 +187,7 @@ class MemPool:
         is the CuPy memory object itself, and the pointer).
         """
         with self._lock:
-            if self._pending_frees:
+            if self._pending_frees or self._pending_unpins:
                 self._drain_pending()
             try:
                 ptr, size, segment = self._arena.take(nbytes, stream_ptr, token)
@@ -310,7 +311,7 @@ class MemPool:
             self._pending_frees.append((ptr, size, segment, tag))
             return
         try:
-            if self._pending_frees:
+            if self._pending_frees or self._pending_unpins:
                 self._drain_pending()
             self._arena.give(ptr, size, segment, tag)
             self._release_if_idle()
@@ -318,6 +319,27 @@ class MemPool:
             pass
         finally:
             lock.release()
+
+    def _hold(self, memory) -> SegmentHold:
+        """Pin the segment of ``memory`` (a lease from :meth:`_allocate`) while the returned
+        hold lives, as a live graph does (:mod:`cugraphrt._memory.holds`)."""
+        hold = SegmentHold(self)
+        with self._lock:
+            self._arena.pin(hold.key, (memory.segment,))
+        return hold
+
+    def _unhold(self, key) -> None:
+        """A hold died (a finalizer: never raises). Unpinned under the lock, now or by its
+        holder (as in _release); list.append needs no lock."""
+        self._pending_unpins.append(key)
+        if self._lock.acquire(False):
+            try:
+                self._drain_pending()
+                self._release_if_idle()
+            except Exception:  # noqa: BLE001 - never raise from a finalizer
+                pass
+            finally:
+                self._lock.release()
 
     def _spans(self) -> tuple:
         """The pool's segments as :meth:`BlockArena.spans` gives them: what the
@@ -328,6 +350,9 @@ class MemPool:
         pending = self._pending_frees
         while pending:
             self._arena.give(*pending.pop())
+        unpins = self._pending_unpins
+        while unpins:
+            self._arena.unpin(unpins.pop())
 
     def _release_if_idle(self) -> None:
         arena = self._arena
@@ -405,32 +430,3 @@ def empty_cache() -> int:
         Bytes given back to the device.
     """
     return sum(pool.empty_cache() for pool in list(_all_pools))
-
-
-def set_pool_checks(enabled: bool) -> None:
-    """Turn the replay-order safety mode on or off.
-
-    While on, replaying a graph that shares its pool with other live graphs verifies that
-    replays follow capture order and do not overlap on different streams, raising
-    :class:`cugraphrt.PoolOrderError` instead of letting them corrupt each other. Costs about
-    one event record and a few dictionary operations (a few microseconds) per replay of a
-    pool-sharing graph; graphs with a pool of their own pay one flag test. Also enabled by
-    the environment variable ``CUGRAPHRT_POOL_CHECKS=1``.
-
-    Parameters
-    ----------
-    enabled : bool
-    """
-    FLAGS.set(pool_checks=enabled)
-    for listener in _check_listeners:
-        listener(FLAGS.pool_checks)
-
-
-# What must follow the switch beyond the replay paths, which read FLAGS: the launchers
-# handed out, which bound their target when made (cugraphrt._capture.launcher).
-_check_listeners: list = []
-
-
-def pool_checks_enabled() -> bool:
-    """Whether the replay-order safety mode is on."""
-    return FLAGS.pool_checks

@@ -5,9 +5,10 @@ from __future__ import annotations
 import itertools
 
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._flags import FLAGS
 from cugraphrt.errors import PoolOrderError
 
-__all__ = ["ReplayOrder"]
+__all__ = ["ReplayOrder", "pool_checks_enabled", "set_pool_checks"]
 
 
 class ReplayOrder:
@@ -69,3 +70,35 @@ class ReplayOrder:
         _cuda.event_record(event.ptr, stream_ptr)
         self.last = seq
         self.last_stream = stream_ptr
+
+
+# -- the switch --------------------------------------------------------------------------
+
+
+def set_pool_checks(enabled: bool) -> None:
+    """Turn the replay-order safety mode on or off.
+
+    While on, replaying a graph that shares its pool with other live graphs verifies that
+    replays follow capture order and do not overlap on different streams, raising
+    :class:`cugraphrt.PoolOrderError` instead of letting them corrupt each other. Costs about
+    one event record and a few dictionary operations (a few microseconds) per replay of a
+    pool-sharing graph; graphs with a pool of their own pay one flag test. Also enabled by
+    the environment variable ``CUGRAPHRT_POOL_CHECKS=1``.
+
+    Parameters
+    ----------
+    enabled : bool
+    """
+    FLAGS.set(pool_checks=enabled)
+    for listener in _check_listeners:
+        listener(FLAGS.pool_checks)
+
+
+# What must follow the switch beyond the replay paths, which read FLAGS: the launchers
+# handed out, which bound their target when made (cugraphrt._capture.launcher).
+_check_listeners: list = []
+
+
+def pool_checks_enabled() -> bool:
+    """Whether the replay-order safety mode is on."""
+    return FLAGS.pool_checks

@@ -100,13 +100,16 @@ def wide(x, w):
 def test_memory_budget_evicts_and_recaptures_correctly(randn):
     w = randn((64, 1024))
     sample = (randn((32, 64)), w)
-    full = make_graphed(wide, sample, buckets=[8, 16, 32], dynamic_dim=(0, None))
+    # Given pools: each bucket keeps its outputs (a family with a pool of its own shares them,
+    # and all three buckets would fit: test_shared_outputs_... below).
+    full = make_graphed(wide, sample, buckets=[8, 16, 32], dynamic_dim=(0, None),
+                        pool=cugraphrt.graph_pool_handle())
     full.capture_all(progress=False)
     all_bytes = full.pool.stats().reserved_bytes
     del full
     budget = all_bytes * 2 // 3
     fn = make_graphed(wide, sample, buckets=[8, 16, 32], dynamic_dim=(0, None),
-                      memory_budget=budget)
+                      memory_budget=budget, pool=cugraphrt.graph_pool_handle())
     for n in (30, 12, 5, 31, 7, 16, 2, 20):
         x = randn((n, 64))
         cupy.testing.assert_array_equal(fn(x, w), wide(x, w))
@@ -146,3 +149,38 @@ def test_pool_checks_do_not_flag_bucket_graphs_replayed_in_any_order(randn):
     for n in (8, 1, 4, 2, 8, 3):
         x = randn((n, 3))
         cupy.testing.assert_array_equal(fn(x), x - 1)
+
+
+def test_shared_outputs_predicted_reservation_and_lifetimes(randn):
+    # A CuPy family with a pool of its own shares its outputs' memory: the pool reserves what
+    # the largest bucket does, predicted before the other buckets are captured.
+    w = randn((64, 1024))
+    sample = (randn((32, 64)), w)
+    alone = make_graphed(wide, sample, buckets=[32], dynamic_dim=(0, None))
+    alone.capture_all(progress=False)
+    largest = alone.pool.stats().reserved_bytes
+    del alone
+    fn = make_graphed(wide, sample, buckets=[8, 16, 24, 32], dynamic_dim=(0, None))
+    predicted = fn.predict_reserved_bytes()
+    fn.capture_all(progress=False)
+    stats = fn.stats()
+    assert stats.shares_outputs and stats.predicted_reserved_bytes == predicted
+    assert abs(stats.pool.reserved_bytes / predicted - 1) <= 0.05
+    assert stats.pool.reserved_bytes <= 1.05 * largest
+    for n in (30, 12, 5, 31, 7, 16, 2, 20, 32):
+        x = randn((n, 64))
+        cupy.testing.assert_array_equal(fn(x, w), wide(x, w))
+    x = randn((24, 64))
+    held = fn(x, w)
+    free_with_family = cupy.cuda.runtime.memGetInfo()[0]
+    pool = fn.pool
+    del fn
+    cupy.get_default_memory_pool().free_all_blocks()
+    cugraphrt.empty_cache()
+    cupy.testing.assert_array_equal(held, wide(x, w))  # readable after the family is gone
+    assert pool.stats().live_graphs == 0 and pool.stats().reserved_bytes > 0
+    del held
+    cugraphrt.empty_cache()
+    assert pool.stats().reserved_bytes == 0, "the held segment went back with the output"
+    assert cupy.cuda.runtime.memGetInfo()[0] > free_with_family
+

@@ -539,3 +539,43 @@ def test_the_out_of_memory_check_catches_an_error_the_model_does_not_predict():
     claimed = PoolOutOfMemoryError(4 << 20, pool.stats().reserved_bytes, free, total)
     with pytest.raises(AssertionError, match="could have served"):
         assert_out_of_memory_was_due(claimed, pool, backing, STREAM)
+
+
+def test_a_hold_keeps_a_freed_output_block_on_the_device_until_it_dies():
+    # Shape buckets' shared outputs: the output's block goes back to the pool for the next
+    # capture, and a hold keeps its segment on the device for an alias still reading it.
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing, _private=True)
+    seq, kept = capture(pool, [4 << 20], keep=[0])
+    output = kept[0]
+    hold = pool._hold(output.mem)
+    base = segment_of(backing, output.ptr)
+    del kept, output
+    gc.collect()
+    assert pool.stats().live_arrays == 0, "the block went back to the pool"
+    # A later capture may take it: the same address, while the hold keeps the segment.
+    seq2, again = capture(pool, [4 << 20], keep=[0])
+    assert segment_of(backing, again[0].ptr) == base
+    del again
+    pool._remove_graph(seq)
+    pool._remove_graph(seq2)
+    assert base in backing.live, "a held segment went back with its graphs"
+    del hold
+    assert backing.live == {}
+
+
+def test_a_hold_dying_while_the_pool_lock_is_taken_unpins_at_the_next_operation():
+    backing = FakeBackingAllocator()
+    pool = MemPool(backing=backing, _private=True)
+    seq, kept = capture(pool, [4 << 20], keep=[0])
+    hold = pool._hold(kept[0].mem)
+    del kept
+    pool._remove_graph(seq)
+    assert backing.live, "held"
+    with pool._lock:  # as a garbage collection inside one of the pool's own operations
+        del hold
+        assert backing.live and pool._pending_unpins
+    seq, _ = capture(pool, [1024])  # the next operation unpins under the lock
+    assert not pool._pending_unpins
+    pool._remove_graph(seq)
+    assert backing.live == {}
