@@ -12,6 +12,8 @@
   ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
 * :func:`while_loop` / :func:`cond`: loops and branches decided on the device, captured
   as CUDA conditional nodes (``docs/control-flow.md``).
+* :class:`Generator`: greedy generation of a Hugging Face causal LM, many tokens per launch
+  (``docs/generation.md``).
 * :func:`make_graphed_callables`: forward and backward graphs for training, a drop-in for
   ``torch.cuda.make_graphed_callables`` that accumulates gradients safely.
 * ``torch.compile(model, backend="cugraphrt")``: compiled code replayed as cugraphrt graphs
@@ -32,9 +34,11 @@ from .control import cond, while_loop
 from .cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_capturing
 from .dlpack import from_cupy, to_cupy
 from .dynamo import CompileOptions, compile_report, format_compile_report
+from .generation import Generator, GeneratorStats
 from .module import GraphedModule, graph_module
 
 __all__ = ["__version__", "BucketedModule", "CUDAGraph", "CompileOptions", "GraphedModule",
-           "compile_report", "cond", "format_compile_report", "from_cupy", "graph",
+           "Generator", "GeneratorStats", "compile_report", "cond", "format_compile_report",
+           "from_cupy", "graph",
            "graph_module", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables", "to_cupy", "while_loop"]

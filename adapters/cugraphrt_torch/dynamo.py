@@ -26,6 +26,7 @@ from cugraphrt.options import Frozen, validate_options
 from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
+from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
 
@@ -161,6 +162,8 @@ class _DynamoGraph:
 
         def compiler(kind):
             def compile_graph(graph, inputs):
+                if kind == "inference":  # where input mutations stay in the graph
+                    reinplace_input_mutations(graph)
                 return self.piece(make_boxed_func(graph.forward), graph, inputs, kind, None)
             return compile_graph
 

@@ -40,6 +40,7 @@ def _workloads() -> tuple[Workload, ...]:
     from .workloads_compile import HF_DECODE, RESNET50
     from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
+    from .workloads_generate import GENERATE
     from .workloads_rebind import REBIND
     from .workloads_serving import SERVING
     from .workloads_shapes import MANY_SHAPES
@@ -47,7 +48,7 @@ def _workloads() -> tuple[Workload, ...]:
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, MANY_SHAPES, CG_TOLERANCE, HF_DECODE, RESNET50,
-            DECODE_UNTIL_EOS, REBIND,
+            DECODE_UNTIL_EOS, GENERATE, REBIND,
             *_distributed_workloads(), *_real_workloads())
 
 

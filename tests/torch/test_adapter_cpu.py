@@ -29,7 +29,8 @@ def test_public_names():
                                             "compile_report", "format_compile_report",
                                             "__version__", "while_loop", "cond",
                                             "CUDAGraph", "graph_pool_handle",
-                                            "is_current_stream_capturing"}
+                                            "is_current_stream_capturing", "Generator",
+                                            "GeneratorStats"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

@@ -1,0 +1,194 @@
+"""The device program of :class:`cugraphrt_torch.Generator`: its state and its two bodies.
+
+Every tensor the program reads or writes lives in :class:`GenerationState`, allocated once for
+the largest batch bucket and the longest sequence; a batch bucket of ``n`` rows works on the
+first ``n`` rows of each, and a cache bucket of ``m`` positions on the first ``m`` positions
+of the cache (views, no copies). The bodies are plain torch code over that state, so the same
+code runs eagerly (``graphed=False``, any device) and inside captures: the prefill once per
+(batch bucket, prompt bucket), the decode step as the body of a device-side ``while_loop``
+once per (batch bucket, cache bucket).
+
+What the bodies compute is what Hugging Face's greedy ``generate`` computes with a
+``StaticCache`` (transformers 5.x), step for step:
+
+* the 2-D attention mask of the whole sequence, prompt padding as 0, every token written so
+  far as 1, positions not yet written as 0 (``generate`` concatenates a 1 per step, and the
+  static cache pads the rest with 0s);
+* position ids from the mask: ``cumsum(mask) - 1``, 0 on padding, then +1 per step;
+* the prompt right-padded to its bucket with tokens the causal mask keeps every real token
+  from seeing; the logits taken at the last real position (``logits_to_keep``), and the
+  cache's write counters set back to the real prompt length, so that decoding overwrites
+  the padding's entries before any query may read them;
+* greedy ``argmax``; a finished sequence gets ``pad_token_id``; a sequence finishes at one
+  of the EOS ids; the loop stops when every sequence finished or the length reached
+  ``prompt + max_new_tokens``.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from typing import Any
+
+import torch
+
+__all__ = ["GenerationState", "Program", "cache_views", "MAX_EOS"]
+
+#: EOS ids a generator compares against (unused slots hold -1, which no token equals).
+MAX_EOS = 8
+
+# Slots of GenerationState.scalars (one int64 vector: one copy stages them, one reads them).
+CUR, MAX_LEN, PAD, PROMPT, LAST, RUNNING = range(6)
+
+
+class GenerationState:
+    """The program's device state, for ``rows`` sequences of up to ``length`` tokens."""
+
+    def __init__(self, rows: int, length: int, device: torch.device) -> None:
+        def zeros(*shape, dtype=torch.int64):
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        self.rows, self.length = rows, length
+        self.ids = zeros(rows, length)        # prompt, then the tokens generated
+        self.mask = zeros(rows, length)       # the 2-D attention mask (see the module doc)
+        self.next_ids = zeros(rows, 1)        # the token each decode step feeds
+        self.next_pos = zeros(rows, 1)        # and its position id
+        self.finished = zeros(rows, dtype=torch.bool)
+        self.eos = torch.full((MAX_EOS,), -1, dtype=torch.int64, device=device)
+        self.scalars = zeros(6)
+        self.cur = self.scalars[CUR]          # tokens in the sequence so far (prompt included)
+        self.max_len = self.scalars[MAX_LEN]  # prompt + max_new_tokens
+        self.pad = self.scalars[PAD]
+        self.prompt_len = self.scalars[PROMPT]
+        self.last = self.scalars[LAST:LAST + 1]  # the last prompt position, as logits_to_keep
+        self.running = self.scalars[RUNNING]  # the loop's condition (0-d int64)
+
+    def stage(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: int,
+              max_new_tokens: int, pad: int, eos: list[int]) -> None:
+        """Load one call's prompt into the first ``rows`` rows (a bucket): rows past the
+        batch repeat its last sequence and start finished (they never hold the loop)."""
+        batch, prompt = input_ids.shape
+        self.ids[:batch, :prompt].copy_(input_ids)
+        self.mask[:rows].zero_()
+        self.mask[:batch, :prompt].copy_(attention_mask)
+        if rows > batch:
+            self.ids[batch:rows, :prompt].copy_(input_ids[-1:].expand(rows - batch, -1))
+            self.mask[batch:rows, :prompt].copy_(attention_mask[-1:].expand(rows - batch, -1))
+        self.finished[:batch].fill_(False)
+        self.finished[batch:rows].fill_(True)
+        eos_ids = eos + [-1] * (MAX_EOS - len(eos))
+        values = [prompt, prompt + max_new_tokens, pad, prompt, prompt - 1, 1]
+        # One host-to-device copy for the scalars and the EOS ids.
+        staged = torch.tensor(values + eos_ids, dtype=torch.int64)
+        self.scalars.copy_(staged[:6])
+        self.eos.copy_(staged[6:])
+
+    def read(self) -> tuple[int, bool]:
+        """(tokens in the sequence, whether any sequence still runs); waits for the device."""
+        values = self.scalars.tolist()
+        return values[CUR], bool(values[RUNNING])
+
+
+def cache_views(cache: Any, rows: int, length: int) -> Any:
+    """A cache over the first ``rows`` sequences and ``length`` positions of ``cache``.
+
+    The view shares every layer's write counter with ``cache`` (one counter for all views:
+    they all write the same positions). Its attention reads ``length`` keys: the mask, the
+    keys and the kernels' shapes are those of a StaticCache of that length.
+    """
+    view = copy.copy(cache)
+    view.layers = []
+    for layer in cache.layers:
+        mine = copy.copy(layer)
+        mine.keys = layer.keys[:rows, :, :length]
+        mine.values = layer.values[:rows, :, :length]
+        mine.max_cache_len = length
+        if hasattr(mine, "batch_size"):
+            mine.batch_size = rows
+        view.layers.append(mine)
+    return view
+
+
+class Program:
+    """The prefill and decode bodies over one :class:`GenerationState` and one cache."""
+
+    def __init__(self, model: Any, state: GenerationState, cache: Any,
+                 step_options: dict | None = None) -> None:
+        self.model = model
+        self.state = state
+        self.cache = cache
+        self.views: dict[tuple[int, int], Any] = {}
+        self.counters = [layer.cumulative_length for layer in cache.layers]
+        parameters = inspect.signature(model.forward).parameters
+        self.keeps_logits = "logits_to_keep" in parameters
+        # The decode step, compiled by Inductor (no CUDA graphs of its own: the generator
+        # captures it) when step_options is given: the forward and the choice, whose integer
+        # bookkeeping Inductor fuses into a few kernels (exactly: no rounding in it).
+        self.step = self._step if step_options is None else torch.compile(
+            self._step, options=step_options, dynamic=False)
+
+    def _view(self, rows: int, length: int) -> Any:
+        view = self.views.get((rows, length))
+        if view is None:
+            view = self.views[rows, length] = cache_views(self.cache, rows, length)
+        return view
+
+    def _forward(self, view: Any, ids: torch.Tensor, positions: torch.Tensor,
+                 keep: torch.Tensor | int) -> torch.Tensor:
+        """The model on ``ids`` over ``view``: the logits at the kept positions,
+        ``(rows, vocab)``."""
+        rows, length = ids.shape[0], view.layers[0].max_cache_len
+        kwargs = {"logits_to_keep": keep} if self.keeps_logits else {}
+        logits = self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
+                            position_ids=positions, past_key_values=view, use_cache=True,
+                            **kwargs).logits
+        if not self.keeps_logits:
+            index = keep if isinstance(keep, torch.Tensor) else \
+                torch.full((1,), ids.shape[1] - 1, dtype=torch.int64, device=ids.device)
+            logits = logits.index_select(1, index)
+        return logits[:, -1]
+
+    def prefill(self, rows: int, prompt_bucket: int, length: int) -> None:
+        """The prompt (right-padded to ``prompt_bucket``) through the model, attending over
+        ``length`` cache positions, then the first token."""
+        state = self.state
+        torch._foreach_zero_(self.counters)
+        mask = state.mask[:rows, :prompt_bucket]
+        positions = mask.cumsum(-1) - 1
+        positions.masked_fill_(mask == 0, 0)
+        scores = self._forward(self._view(rows, length), state.ids[:rows, :prompt_bucket],
+                               positions, state.last)
+        # The cache holds the real prompt; decoding overwrites the padding's entries.
+        torch._foreach_copy_(self.counters, [state.prompt_len] * len(self.counters))
+        torch.sum(mask, -1, keepdim=True, out=state.next_pos[:rows])
+        self._choose(rows, scores)
+
+    def decode(self, rows: int, length: int) -> None:
+        """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
+        while_loop body)."""
+        self.step(self._view(rows, length), rows)
+
+    def _step(self, view: Any, rows: int) -> None:
+        state = self.state
+        scores = self._forward(view, state.next_ids[:rows], state.next_pos[:rows], 1)
+        state.next_pos[:rows].add_(1)
+        self._choose(rows, scores)
+
+    def within(self, length: int) -> torch.Tensor:
+        """The decode loop's condition over ``length`` cache positions: some sequence runs,
+        and the next step's token (at position ``cur - 1``) fits them."""
+        return torch.logical_and(self.state.running, self.state.cur <= length)
+
+    def _choose(self, rows: int, scores: torch.Tensor) -> None:
+        """Greedy choice, appended; EOS and length checks; whether any sequence runs."""
+        state = self.state
+        finished = state.finished[:rows]
+        token = torch.where(finished, state.pad, scores.argmax(-1))
+        at = state.cur.view(1)
+        state.ids[:rows].index_copy_(1, at, token[:, None])
+        state.mask[:rows].index_fill_(1, at, 1)
+        finished.logical_or_((token[:, None] == state.eos).any(-1))
+        state.next_ids[:rows].copy_(token[:, None])
+        state.cur.add_(1)
+        torch.logical_and(finished.logical_not().any(), state.cur < state.max_len,
+                          out=state.running)

@@ -1,0 +1,420 @@
+"""cugraphrt_torch.Generator: greedy generation of a Hugging Face causal LM on the device.
+
+A generation is one prefill launch and then chunks of up to ``chunk`` decode steps, each
+chunk one launch of a graph whose ``while_loop`` runs the decode step, the greedy choice, the
+append and the EOS and length checks on the device: the host waits once per chunk, not once
+per token. Graphs are captured on first use, per batch bucket (the decode chunk) and per
+(batch bucket, prompt bucket) (the prefill), all into one memory pool; one StaticCache for the
+largest batch serves every bucket (each bucket reads its first rows).
+
+Design notes. Every graph reads and writes only the generator's state tensors, allocated
+outside the pool, and keeps nothing alive in the pool once its capture ended: so the graphs
+may replay in any order (the pool's capture-order rule guards graphs that hand out pool
+memory, which these never do), and they replay through torch's own replay on torch's current
+stream. A generator runs one generation at a time (its state is one).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cugraphrt import Graph, MemPool, default_capture_stream
+from cugraphrt.errors import OptionsError
+
+from . import _torch
+from ._generation_program import MAX_EOS, GenerationState, Program
+from .capture import graph
+from .control import while_loop
+from .cuda_graph import graph_pool_handle
+
+__all__ = ["Generator", "GeneratorStats"]
+
+_PROMPT_BUCKET_MIN = 16
+
+
+@dataclass(frozen=True)
+class GeneratorStats:
+    """What a :class:`Generator` holds.
+
+    Attributes
+    ----------
+    prefill_graphs : tuple of (int, int)
+        The (batch bucket, prompt bucket) pairs with a captured prefill.
+    decode_graphs : tuple of (int, int)
+        The (batch bucket, cache bucket) pairs with a captured decode chunk.
+    capture_s : float
+        Seconds spent warming up and capturing, in all.
+    pool_reserved_bytes : int
+        Device memory the graphs' pool reserves (their temporaries, shared).
+    state_bytes : int
+        Device memory of the KV cache and the generator's state tensors.
+    """
+
+    prefill_graphs: tuple[tuple[int, int], ...]
+    decode_graphs: tuple[tuple[int, int], ...]
+    capture_s: float
+    pool_reserved_bytes: int
+    state_bytes: int
+
+
+class Generator:
+    """Greedy generation for a Hugging Face causal LM, many tokens per launch.
+
+    ``Generator(model, max_length=512).generate(input_ids, attention_mask, max_new_tokens=
+    128)`` returns what ``model.generate(input_ids, attention_mask=attention_mask,
+    max_new_tokens=128, do_sample=False)`` returns: the prompts (left-padded, as
+    ``generate`` expects) followed by the new tokens, ``pad_token_id`` after a sequence's EOS,
+    as many columns as the longest sequence needed.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A decoder-only model whose layers all fit a ``StaticCache`` (full attention; sliding
+        windows are refused), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
+        mode; weights must not move afterwards (the graphs read them in place).
+    max_length : int
+        The longest sequence served: prompt plus new tokens. The KV cache holds this many
+        positions for the largest batch bucket.
+    batch_buckets : sequence of int, default (1, 2, 4, 8)
+        Batch sizes with graphs of their own; a batch runs in the smallest bucket that holds
+        it (its extra rows repeat its last sequence, finished from the start).
+    prompt_buckets : sequence of int, optional
+        Prompt lengths with prefill graphs of their own; a prompt is right-padded to the
+        smallest that holds it. Default: 16, 32, 64, ... up to ``max_length``.
+    cache_buckets : sequence of int, optional
+        Cache lengths the attention reads: each step attends over the smallest that holds
+        the sequence so far, not the whole cache. Default: 64, 128, 192, ... up to
+        ``max_length``: as many 64-key blocks as eager's growing cache has at that step, so
+        the attention kernels split and reduce the keys as they do in eager (over many more
+        keys they split them otherwise, and a token can change; docs/generation.md).
+    chunk : int, default 32
+        Decode steps per launch at most; the host sees tokens (and ``callback`` runs) after
+        each chunk, and where the sequence outgrows a cache bucket.
+    compile_step : bool, default False
+        Compile the decode step's forward with Inductor (fused kernels, about half the
+        time of eager's for a small model) under ``eager_numerics``: eager's rounding,
+        though not its exact kernels, so tokens can differ from eager's. One compilation
+        per (batch bucket, cache bucket) used.
+    graphed : bool, default True
+        False runs the same program eagerly (any device, a host check per step): a
+        reference, and a way to run without a GPU.
+
+    Raises
+    ------
+    OptionsError
+        For a bad option, a model without a ``StaticCache``-compatible layout, or a model on
+        the CPU with ``graphed=True``.
+    """
+
+    def __init__(self, model: Any, *, max_length: int,
+                 batch_buckets: Sequence[int] = (1, 2, 4, 8),
+                 prompt_buckets: Sequence[int] | None = None,
+                 cache_buckets: Sequence[int] | None = None, chunk: int = 32,
+                 compile_step: bool = False, graphed: bool = True) -> None:
+        self.max_length = _positive("max_length", max_length)
+        if max_length < 2:
+            raise OptionsError("max_length", max_length, "an integer >= 2 (a prompt token "
+                               "and a new one)")
+        self.batch_buckets = _buckets("batch_buckets", batch_buckets)
+        self.prompt_buckets = _buckets("prompt_buckets", prompt_buckets if prompt_buckets
+                                       is not None else _powers(_PROMPT_BUCKET_MIN, max_length))
+        self.cache_buckets = _buckets("cache_buckets", cache_buckets if cache_buckets
+                                      is not None else _multiples(64, max_length))
+        for name, sizes in (("prompt_buckets", self.prompt_buckets),
+                            ("cache_buckets", self.cache_buckets)):
+            if sizes[-1] > self.max_length:
+                raise OptionsError(name, sizes, f"lengths up to max_length ({max_length})")
+        if self.cache_buckets[-1] < self.prompt_buckets[-1]:
+            raise OptionsError("cache_buckets", self.cache_buckets,
+                               f"a length >= the largest prompt bucket "
+                               f"({self.prompt_buckets[-1]})")
+        self.chunk = _positive("chunk", chunk)
+        for name, flag in (("graphed", graphed), ("compile_step", compile_step)):
+            if not isinstance(flag, bool):
+                raise OptionsError(name, flag, "True or False")
+        self.graphed = graphed
+        self.model = model
+        self.device = _model_device(model)
+        if graphed:
+            if self.device.type != "cuda":
+                raise OptionsError("model", f"a model on {self.device}",
+                                   "a model on a CUDA device (or graphed=False)")
+            _torch.require_cuda("cugraphrt_torch.Generator")
+        self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
+        self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
+        self._program = Program(model, self.state, self._cache,
+                                _step_options() if compile_step else None)
+        self.pool: MemPool | None = graph_pool_handle() if graphed else None
+        self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
+        self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
+        self._graphs: list[Graph] = []
+        self._capture_s = 0.0
+
+    # -- generation ----------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 *, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
+                 pad_token_id: int | None = None,
+                 callback: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
+        """Greedy tokens after ``input_ids``, as Hugging Face's ``generate`` returns them.
+
+        Parameters
+        ----------
+        input_ids : torch.Tensor
+            ``(batch, prompt)`` int64 token ids on the model's device, left-padded.
+        attention_mask : torch.Tensor, optional
+            ``(batch, prompt)``, 1 for tokens and 0 for padding; all ones if omitted.
+        max_new_tokens : int
+            New tokens per sequence at most; the prompt plus these must fit ``max_length``.
+        eos_token_id : int or sequence of int, optional
+            Default: the model's ``generation_config.eos_token_id``. None: no EOS check.
+        pad_token_id : int, optional
+            Written after a sequence's EOS. Default: the generation config's, else the first
+            EOS id (as ``generate`` does).
+        callback : callable, optional
+            Called after the prefill and after each chunk with the tokens it added, a
+            ``(batch, n)`` int64 tensor of its own; a true return value stops the generation
+            there.
+
+        Returns
+        -------
+        torch.Tensor
+            ``(batch, prompt + n)`` int64: the prompts, then ``n`` new tokens, ``n`` the
+            steps until every sequence emitted EOS or ``max_new_tokens``.
+        """
+        batch, prompt = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        eos, pad = self._special_tokens(eos_token_id, pad_token_id)
+        rows = _bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
+        # Capture first (every graph this call may use): warm-ups run the bodies on the
+        # state, which staging then resets.
+        prefill = self._prefill(rows, prompt)
+        chunks = {length: self._chunk(rows, length)
+                  for length in self._cache_lengths(prompt, max_new_tokens)}
+        state = self.state
+        state.stage(input_ids, mask, rows, max_new_tokens, pad, eos)
+        prefill()
+        length, running = state.read()
+        seen = prompt
+        while True:
+            if callback is not None and length > seen:
+                if callback(state.ids[:batch, seen:length].clone()):
+                    break
+            seen = length
+            if not running:
+                break
+            # The next step feeds the token at position length - 1.
+            chunks[self._cache_bucket(length)]()
+            length, running = state.read()
+        return state.ids[:batch, :length].clone()
+
+    @torch.no_grad()
+    def capture(self, batch_size: int, prompt_length: int) -> None:
+        """Capture (if not yet) the graphs a call of this batch size and prompt length uses,
+        ahead of the first such call."""
+        rows = _bucket(batch_size, self.batch_buckets, "batch size", "batch_buckets")
+        self._prefill(rows, prompt_length)
+        for length in self._cache_lengths(prompt_length, self.max_length - prompt_length):
+            self._chunk(rows, length)
+
+    def stats(self) -> GeneratorStats:
+        """The graphs captured so far and the memory they and the generator hold."""
+        reserved = self.pool.stats().reserved_bytes if self.pool is not None else 0
+        tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
+                   self.state.finished, self.state.eos, self.state.scalars]
+        tensors += [t for layer in self._cache.layers for t in (layer.keys, layer.values)]
+        return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
+                              self._capture_s, reserved,
+                              sum(t.numel() * t.element_size() for t in tensors))
+
+    # -- graphs ----------------------------------------------------------------------------
+    def _cache_lengths(self, prompt: int, max_new_tokens: int) -> list[int]:
+        """The cache buckets decode steps use from a prompt of ``prompt`` tokens: the first
+        step feeds position ``prompt``, the last at most ``prompt + max_new_tokens - 2``."""
+        first = self._cache_bucket(prompt + 1)
+        last = self._cache_bucket(max(prompt + max_new_tokens - 1, prompt + 1))
+        return [b for b in self.cache_buckets if first <= b <= last]
+
+    def _cache_bucket(self, length: int) -> int:
+        return next(b for b in self.cache_buckets if b >= length)
+
+    def _prefill(self, rows: int, prompt: int) -> Callable[[], None]:
+        prompt_bucket = _bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
+        key = (rows, prompt_bucket)
+        run = self._prefills.get(key)
+        if run is None:
+            program = self._program
+            length = self._cache_bucket(prompt_bucket)
+            run = self._graphed(lambda: program.prefill(rows, prompt_bucket, length), rows,
+                                prompt_bucket)
+            self._prefills[key] = run
+        return run
+
+    def _chunk(self, rows: int, length: int) -> Callable[[], None]:
+        run = self._chunks.get((rows, length))
+        if run is None:
+            program, steps = self._program, self.chunk
+            if self.graphed:
+                def body() -> None:
+                    while_loop(lambda: program.within(length),
+                               lambda: program.decode(rows, length), max_iters=steps)
+                run = self._graphed(body, rows, None, warm=lambda: program.decode(rows, length))
+            else:
+                def run() -> None:
+                    for _ in range(steps):
+                        if not bool(program.within(length)):
+                            return
+                        program.decode(rows, length)
+            self._chunks[rows, length] = run
+        return run
+
+    def _graphed(self, body: Callable[[], None], rows: int, prompt_bucket: int | None, *,
+                 warm: Callable[[], None] | None = None) -> Callable[[], None]:
+        """``body`` captured into the generator's pool (after a warm-up on the capture
+        stream, from a staged dummy prompt); eagerly as it is with ``graphed=False``."""
+        if not self.graphed:
+            return body
+        begin = time.perf_counter()
+        prompt = min(prompt_bucket or 1, self.max_length - 1)
+        dummy = torch.zeros(rows, prompt, dtype=torch.int64, device=self.device)
+        stream = _torch.torch_stream_for(default_capture_stream().ptr, self.device.index)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            # Kernels, library handles and workspaces for the capture stream. The dummy
+            # prompt (shorter than the cache, counters at 0) keeps the warm-up's writes
+            # inside the cache and every value it writes there finite.
+            self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
+            torch._foreach_zero_(self._program.counters)
+            (warm or body)()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        cuda_graph = Graph()
+        session = graph(cuda_graph, pool=self.pool)
+        with torch.cuda.device(self.device), session:
+            body()
+        replay = session._replay
+        assert replay is not None  # set by a successful capture
+        self._graphs.append(cuda_graph)
+        self._capture_s += time.perf_counter() - begin
+        # torch's replay on torch's current stream, past the pool-order check (see the
+        # module's design notes: these graphs hand out no pool memory).
+        return replay._replay
+
+    # -- arguments -------------------------------------------------------------------------
+    def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
+                or input_ids.dtype not in (torch.int64, torch.int32) \
+                or input_ids.device != self.device or 0 in input_ids.shape:
+            raise OptionsError("input_ids", _describe(input_ids),
+                               f"a non-empty (batch, prompt) integer tensor on {self.device}")
+        if attention_mask is not None and (
+                not isinstance(attention_mask, torch.Tensor)
+                or attention_mask.shape != input_ids.shape
+                or attention_mask.device != self.device):
+            raise OptionsError("attention_mask", _describe(attention_mask),
+                               f"None or a tensor shaped like input_ids "
+                               f"{tuple(input_ids.shape)} on {self.device}")
+        _positive("max_new_tokens", max_new_tokens)
+        batch, prompt = input_ids.shape
+        if prompt + max_new_tokens > self.max_length:
+            raise OptionsError("max_new_tokens", max_new_tokens,
+                               f"at most max_length - prompt = {self.max_length} - {prompt} "
+                               f"= {self.max_length - prompt}; build the Generator with a "
+                               f"larger max_length")
+        return batch, prompt
+
+    def _special_tokens(self, eos_token_id, pad_token_id) -> tuple[list[int], int]:
+        config = getattr(self.model, "generation_config", None)
+        if eos_token_id is None:
+            eos_token_id = getattr(config, "eos_token_id", None)
+        eos = [] if eos_token_id is None else \
+            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+        if len(eos) > MAX_EOS or not all(isinstance(t, int) and t >= 0 for t in eos):
+            raise OptionsError("eos_token_id", eos_token_id,
+                               f"None, a token id, or up to {MAX_EOS} token ids")
+        if pad_token_id is None:
+            pad_token_id = getattr(config, "pad_token_id", None)
+        if pad_token_id is None:
+            pad_token_id = eos[0] if eos else 0
+        if not isinstance(pad_token_id, int) or pad_token_id < 0:
+            raise OptionsError("pad_token_id", pad_token_id, "None or a token id")
+        return eos, pad_token_id
+
+
+def _static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
+    """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
+    (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    sliding = [i for i, layer in enumerate(cache.layers) if getattr(layer, "is_sliding", False)]
+    if sliding or not hasattr(cache.layers[0], "cumulative_length"):
+        raise OptionsError("model", type(model).__name__,
+                           "a model whose every layer has full attention (a StaticCache of "
+                           f"StaticLayers; got sliding-window layers {sliding})")
+    ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
+    with torch.no_grad():
+        model(input_ids=ids, past_key_values=cache, use_cache=True)
+    return cache
+
+
+def _model_device(model: Any) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration):
+        raise OptionsError("model", type(model).__name__,
+                           "a Hugging Face causal LM (a torch module with parameters)") from None
+
+
+def _positive(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise OptionsError(name, value, "an integer >= 1")
+    return value
+
+
+def _buckets(name: str, values: Any) -> tuple[int, ...]:
+    try:
+        sizes = tuple(values)
+    except TypeError:
+        sizes = ()
+    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
+        raise OptionsError(name, values, "a non-empty sequence of integers >= 1")
+    return tuple(sorted(set(sizes)))
+
+
+def _powers(smallest: int, largest: int) -> tuple[int, ...]:
+    """smallest, 2 * smallest, 4 * smallest, ... below ``largest``, then ``largest``."""
+    sizes, size = [], smallest
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    sizes.append(largest)
+    return tuple(sizes)
+
+
+def _multiples(step: int, largest: int) -> tuple[int, ...]:
+    """step, 2 * step, 3 * step, ... below ``largest``, then ``largest``."""
+    return (*range(step, largest, step), largest)
+
+
+def _step_options() -> dict:
+    from .dynamo import _inductor_patches
+
+    return _inductor_patches(True)
+
+
+def _bucket(size: int, buckets: tuple[int, ...], what: str, option: str) -> int:
+    for bucket in buckets:
+        if bucket >= size:
+            return bucket
+    raise OptionsError(what, size, f"at most the largest of {option} {buckets}")
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
+    return type(value).__name__

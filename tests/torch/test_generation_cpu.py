@@ -1,0 +1,137 @@
+"""cugraphrt_torch.Generator without a GPU: its options and, where transformers is installed,
+its program run eagerly on the CPU (``graphed=False``) against transformers' own greedy
+``generate``: the same tokens for mixed prompt lengths, EOS in the middle of a batch, batch
+buckets, prompt and cache buckets, and chunks that stop at cache-bucket boundaries."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cugraphrt_torch import Generator  # noqa: E402
+from cugraphrt_torch.generation import _multiples, _powers  # noqa: E402
+
+from cugraphrt.errors import OptionsError  # noqa: E402
+
+from ._generation_prompts import prompts  # noqa: E402
+
+
+class _Tiny(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(2))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(max_length=1), "max_length"),
+    (dict(max_length=0), "max_length"),
+    (dict(max_length=64, chunk=0), "chunk"),
+    (dict(max_length=64, batch_buckets=()), "batch_buckets"),
+    (dict(max_length=64, batch_buckets=(1, 0)), "batch_buckets"),
+    (dict(max_length=64, prompt_buckets=(16, 128)), "prompt_buckets"),
+    (dict(max_length=64, cache_buckets=(8,), prompt_buckets=(16,)), "cache_buckets"),
+    (dict(max_length=64, graphed="yes"), "graphed"),
+    (dict(max_length=64, compile_step=1), "compile_step"),
+    (dict(max_length=64), "model"),  # graphed=True needs a model on a CUDA device
+])
+def test_bad_options_are_refused(kwargs, field):
+    with pytest.raises(OptionsError) as info:
+        Generator(_Tiny(), **kwargs)
+    assert info.value.field == field
+
+
+def test_default_buckets():
+    assert _powers(16, 300) == (16, 32, 64, 128, 256, 300)
+    assert _powers(16, 16) == (16,)
+    assert _multiples(64, 272) == (64, 128, 192, 256, 272)
+    assert _multiples(64, 64) == (64,)
+
+
+# -- the program, eagerly, against transformers ------------------------------------------------
+
+def _model(arch: str):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=176, num_hidden_layers=2,
+                  num_attention_heads=4, max_position_embeddings=256)
+    if arch == "llama":
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(num_key_value_heads=4, **common))
+    else:
+        model = transformers.Qwen2ForCausalLM(
+            transformers.Qwen2Config(num_key_value_heads=2, **common))
+    return model.eval()
+
+
+def _prompts(lengths: list[int], seed: int = 1):
+    return prompts(torch, lengths, 512, seed)
+
+
+def _reference(model, ids, mask, **kwargs):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                              **kwargs)
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def eager(request):
+    model = _model(request.param)
+    return model, Generator(model, max_length=64, graphed=False, chunk=5,
+                            batch_buckets=(1, 2, 4), prompt_buckets=(8, 20),
+                            cache_buckets=(16, 24, 40, 64))
+
+
+@pytest.mark.parametrize("lengths", [[17], [5, 9, 17, 3], [12, 2, 7]])
+def test_eager_program_equals_transformers_generate(eager, lengths):
+    model, generator = eager
+    ids, mask = _prompts(lengths)
+    expected = _reference(model, ids, mask, max_new_tokens=30)
+    got = generator.generate(ids, mask, max_new_tokens=30, pad_token_id=0)
+    assert got.shape == expected.shape == (len(lengths), max(lengths) + 30)
+    assert torch.equal(got, expected)
+
+
+def test_eos_mid_batch_and_the_callback(eager):
+    model, generator = eager
+    ids, mask = _prompts([5, 9, 17, 3], seed=3)
+    free = _reference(model, ids, mask, max_new_tokens=30)
+    eos = int(free[1, 17 + 4])  # row 1 emits it 5 tokens in
+    expected = _reference(model, ids, mask, max_new_tokens=30, eos_token_id=eos)
+    pieces: list = []
+    got = generator.generate(ids, mask, max_new_tokens=30, pad_token_id=0, eos_token_id=eos,
+                             callback=pieces.append)
+    assert torch.equal(got, expected)
+    assert bool((got[1, 17 + 5:] == 0).all()) and int(got[1, 17 + 4]) == eos
+    # The prefill's token, then chunks of at most 5 that also stop at the cache buckets.
+    sizes = [p.shape[1] for p in pieces]
+    assert sizes[0] == 1 and max(sizes) <= 5 and sum(sizes) == got.shape[1] - 17
+    assert torch.equal(torch.cat(pieces, 1), got[:, 17:])
+
+
+def test_no_prompt_mask_and_max_new_tokens_one(eager):
+    model, generator = eager
+    ids, _ = _prompts([6])
+    assert torch.equal(generator.generate(ids, max_new_tokens=1),
+                       _reference(model, ids, torch.ones_like(ids), max_new_tokens=1))
+
+
+def test_bad_calls_are_refused(eager):
+    _, generator = eager
+    ids, mask = _prompts([5, 9])
+    for kwargs, field in [(dict(max_new_tokens=0), "max_new_tokens"),
+                          (dict(max_new_tokens=60), "max_new_tokens"),  # 9 + 60 > 64
+                          (dict(max_new_tokens=4, eos_token_id=-3), "eos_token_id"),
+                          (dict(max_new_tokens=4, pad_token_id=-1), "pad_token_id")]:
+        with pytest.raises(OptionsError) as info:
+            generator.generate(ids, mask, **kwargs)
+        assert info.value.field == field
+    with pytest.raises(OptionsError) as info:
+        generator.generate(ids[0], max_new_tokens=4)
+    assert info.value.field == "input_ids"
+    with pytest.raises(OptionsError) as info:
+        generator.generate(ids, mask[:, :3], max_new_tokens=4)
+    assert info.value.field == "attention_mask"
+    with pytest.raises(OptionsError) as info:
+        generator.generate(torch.zeros(5, 3, dtype=torch.int64), max_new_tokens=4)
+    assert info.value.field == "batch size"

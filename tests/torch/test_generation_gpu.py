@@ -1,0 +1,123 @@
+"""cugraphrt_torch.Generator on the GPU: tokens equal to Hugging Face's eager greedy generate.
+
+Two architectures from configs with random weights (Llama; Qwen2 with grouped KV heads),
+prompts of mixed lengths left-padded as ``generate`` expects, batch sizes 1 to 8 (3 runs in
+bucket 4), EOS in the middle of a batch, the per-chunk callback, and the graphed program
+against the same program run eagerly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cugraphrt_torch import Generator  # noqa: E402
+
+from ._generation_prompts import prompts  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+NEW = 96
+
+
+def _model(arch: str):
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=32000, hidden_size=512, intermediate_size=1408,
+                  num_hidden_layers=6, num_attention_heads=8, max_position_embeddings=512)
+    if arch == "llama":
+        model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=8, **common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(num_key_value_heads=2, **common))
+    return model.to("cuda", torch.bfloat16).eval()
+
+
+def _prompts(lengths: list[int], seed: int = 1):
+    return prompts(torch, lengths, 32000, seed, device="cuda")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def setup(request):
+    model = _model(request.param)
+    return model, Generator(model, max_length=256)
+
+
+def _reference(model, ids, mask, **kwargs):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                              **kwargs)
+
+
+@pytest.mark.parametrize("lengths", [[17], [5, 9, 17, 3, 12, 17, 8, 1], [30, 2, 11]],
+                         ids=["b1", "b8-mixed", "b3-in-bucket-4"])
+def test_tokens_equal_hf_eager_generate(setup, lengths):
+    model, generator = setup
+    ids, mask = _prompts(lengths)
+    expected = _reference(model, ids, mask, max_new_tokens=NEW)
+    got = generator.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0)
+    assert got.shape == expected.shape == (len(lengths), max(lengths) + NEW)
+    assert torch.equal(got, expected), [
+        int((got[r] != expected[r]).nonzero()[0]) for r in range(len(lengths))
+        if not torch.equal(got[r], expected[r])]
+
+
+def test_eos_in_the_middle_of_a_batch(setup):
+    model, generator = setup
+    lengths = [5, 9, 17, 3]
+    ids, mask = _prompts(lengths, seed=2)
+    free = _reference(model, ids, mask, max_new_tokens=NEW)
+    width = max(lengths)
+    # An EOS that row 0 emits early: the others run on (or stop at it later), padded after.
+    eos = int(free[0, width + 6])
+    expected = _reference(model, ids, mask, max_new_tokens=NEW, eos_token_id=eos)
+    got = generator.generate(ids, mask, max_new_tokens=NEW, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(got, expected)
+    new = got[:, width:]
+    stops = [int((row == eos).nonzero()[0]) if bool((row == eos).any()) else None
+             for row in new]
+    assert stops[0] is not None and stops[0] <= 6
+    assert stops[0] < new.shape[1] - 1  # row 0 stopped while another still ran
+    assert bool((new[0, stops[0] + 1:] == 0).all())  # padded after its EOS
+
+
+def test_callback_sees_every_token_once_and_can_stop(setup):
+    model, _ = setup
+    generator = Generator(model, max_length=256, chunk=16)
+    ids, mask = _prompts([7, 12])
+    seen: list = []
+    got = generator.generate(ids, mask, max_new_tokens=50, eos_token_id=[],
+                             callback=lambda tokens: seen.append(tokens))
+    assert [t.shape[1] for t in seen][0] == 1  # the prefill's token first
+    assert all(t.shape[1] <= 16 for t in seen)
+    assert torch.equal(torch.cat(seen, 1), got[:, 12:]) and got.shape[1] == 12 + 50
+    stopped: list = []
+    cut = generator.generate(ids, mask, max_new_tokens=50, eos_token_id=[],
+                             callback=lambda tokens: stopped.append(tokens) or len(stopped) == 2)
+    assert cut.shape[1] == 12 + sum(t.shape[1] for t in stopped) < got.shape[1]
+    assert torch.equal(cut, got[:, :cut.shape[1]])
+
+
+def test_graphed_equals_the_same_program_run_eagerly(setup):
+    model, generator = setup
+    eager = Generator(model, max_length=256, graphed=False)
+    ids, mask = _prompts([4, 21, 9])
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0),
+                       eager.generate(ids, mask, max_new_tokens=40, pad_token_id=0))
+
+
+def test_graphs_share_one_pool_and_report_it(setup):
+    model, _ = setup
+    generator = Generator(model, max_length=256, batch_buckets=(1, 4))
+    for lengths in ([9], [3, 20, 6]):
+        ids, mask = _prompts(lengths)
+        generator.generate(ids, mask, max_new_tokens=70)
+    stats = generator.stats()
+    assert stats.prefill_graphs == ((1, 16), (4, 32))
+    # 9 + 70 and 20 + 70 tokens: decode steps over cache buckets 64 and 128.
+    assert stats.decode_graphs == ((1, 64), (1, 128), (4, 64), (4, 128))
+    assert stats.pool_reserved_bytes > 0
+    assert stats.pool_reserved_bytes == generator.pool.stats().reserved_bytes
+    assert stats.state_bytes > 0 and stats.capture_s > 0
