@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from ._eager_kernels import Numerics, inductor_backend
+
 __all__ = ["GenerationState", "Program", "cache_views", "MAX_EOS"]
 
 #: EOS ids a generator compares against (unused slots hold -1, which no token equals).
@@ -113,7 +115,7 @@ class Program:
     """The prefill and decode bodies over one :class:`GenerationState` and one cache."""
 
     def __init__(self, model: Any, state: GenerationState, cache: Any,
-                 step_options: dict | None = None) -> None:
+                 numerics: Numerics | None = None, steps: int = 1) -> None:
         self.model = model
         self.state = state
         self.cache = cache
@@ -122,10 +124,14 @@ class Program:
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
         # The decode step, compiled by Inductor (no CUDA graphs of its own: the generator
-        # captures it) when step_options is given: the forward and the choice, whose integer
-        # bookkeeping Inductor fuses into a few kernels (exactly: no rounding in it).
-        self.step = self._step if step_options is None else torch.compile(
-            self._step, options=step_options, dynamic=False)
+        # captures it) under ``numerics`` when given: the forward and the choice, whose
+        # integer bookkeeping Inductor fuses into a few kernels (exactly: no rounding in it).
+        # One compilation per decode graph (``steps`` of them): dynamo's recompile limit
+        # (8 per function) must allow as many.
+        self.step = self._step if numerics is None else torch.compile(
+            self._step, backend=inductor_backend(numerics), dynamic=False)
+        self.compiled = numerics is not None
+        self._recompile_limit = max(8, steps)
 
     def _view(self, rows: int, length: int) -> Any:
         view = self.views.get((rows, length))
@@ -166,7 +172,16 @@ class Program:
     def decode(self, rows: int, length: int) -> None:
         """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
         while_loop body)."""
-        self.step(self._view(rows, length), rows)
+        if not self.compiled:
+            self._step(self._view(rows, length), rows)
+            return
+        from torch._dynamo import config as dynamo_config
+
+        name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else \
+            "cache_size_limit"
+        with dynamo_config.patch({name: max(getattr(dynamo_config, name),
+                                            self._recompile_limit)}):
+            self.step(self._view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:
         state = self.state

@@ -26,6 +26,7 @@ from cugraphrt.options import Frozen, validate_options
 from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
+from ._eager_kernels import Numerics, check_inference, eager_kernel_lowerings, inductor_settings
 from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
@@ -69,11 +70,15 @@ class CompileOptions(Frozen):
         buckets. ``"pow2"``: 1, 2, 4, ... up to ``max_bucket``.
     max_bucket : int, optional
         The largest bucket of ``buckets="pow2"`` (required with it, refused without it).
-    eager_numerics : bool
-        Inductor only: keep eager's rounding in low precision. Fused bf16/fp16 kernels then
+    eager_numerics : bool or "exact"
+        Inductor only. True: keep eager's rounding in low precision; fused bf16/fp16 kernels
         round every intermediate to the storage type where eager's separate kernels do
         (Inductor's ``emulate_precision_casts``, and eager's rounded division where the torch
-        version has it), so results such as greedy-decoded tokens follow eager's.
+        version has it). Reductions and math functions stay Inductor's, so a result can
+        still differ from eager's in its last bit. ``"exact"``: also run eager's kernels for
+        floating reductions, normalizations and math functions, fusing only what rounds as
+        eager does: eager's bits, at the cost of the fusions given up; inference graphs
+        only (a graph that trains raises OptionsError; docs/compile.md).
         ``aot_eager`` runs eager's kernels and needs no such setting.
     """
 
@@ -86,7 +91,7 @@ class CompileOptions(Frozen):
     check_outputs: bool | None = None
     buckets: Literal["pow2"] | list[int] | None = None
     max_bucket: int | None = Field(default=None, ge=1)
-    eager_numerics: bool = False
+    eager_numerics: Numerics = False
 
 
 _region_ids = itertools.count()
@@ -126,7 +131,7 @@ def backend(gm: torch.fx.GraphModule, example_inputs: Sequence[object], *,
                      _fx_inspect.placeholder_names(gm))
     if opts.compiler == "aot_eager":
         return region.compile_aot_eager(gm, example_inputs)
-    return region.compile_inductor(gm, example_inputs, _inductor_patches(opts.eager_numerics))
+    return region.compile_inductor(gm, example_inputs, opts.eager_numerics)
 
 
 class _DynamoGraph:
@@ -141,11 +146,16 @@ class _DynamoGraph:
         # Inputs of the forward that stay in place: the backward's primals among them too.
         self.forward_static: frozenset[int] = frozenset()
 
-    def compile_inductor(self, gm, example_inputs, patches: dict):
+    def compile_inductor(self, gm, example_inputs, numerics: Numerics):
         from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
+        patches, decompositions = inductor_settings(numerics)
+
         def inner(graph, inputs, **kwargs):
-            compiled = compile_fx_inner(graph, inputs, **kwargs)
+            check_inference(numerics, kwargs)
+            # Around each compilation, a backward's later one included.
+            with eager_kernel_lowerings(numerics):
+                compiled = compile_fx_inner(graph, inputs, **kwargs)
             kind = ("backward" if kwargs.get("is_backward") else
                     "inference" if kwargs.get("is_inference") else "forward")
             return self.piece(compiled, graph, inputs, kind, kwargs.get("static_input_idxs"))
@@ -154,7 +164,8 @@ class _DynamoGraph:
         with _no_autograd_cache():
             # compile_fx applies the patches to the backward's later compilation too.
             return compile_fx(gm, example_inputs, inner_compile=inner,
-                              config_patches={"triton.cudagraphs": False, **patches})
+                              config_patches={"triton.cudagraphs": False, **patches},
+                              decompositions=decompositions)
 
     def compile_aot_eager(self, gm, example_inputs):
         from torch._dynamo.backends.common import aot_autograd
@@ -229,19 +240,6 @@ def _bucket_sizes(opts: CompileOptions) -> tuple[int, ...] | None:
         raise OptionsError("max_bucket", opts.max_bucket, "None with a list of buckets (the "
                            "list's last size is the largest)")
     return resolve_buckets(list(opts.buckets), 1)
-
-
-def _inductor_patches(eager_numerics: bool) -> dict:
-    """Inductor config patches for ``eager_numerics`` (per compilation, not process-wide)."""
-    if not eager_numerics:
-        return {}
-    import torch._inductor.config as inductor_config
-
-    patches: dict = {"emulate_precision_casts": True}
-    # torch >= 2.12 also rounds divisions as eager does; older versions lack the setting.
-    if hasattr(getattr(inductor_config, "eager_numerics", None), "division_rounding"):
-        patches["eager_numerics.division_rounding"] = True
-    return patches
 
 
 def _forward_static(count: int) -> list[int]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -27,6 +27,7 @@ from cugraphrt import Graph, MemPool, default_capture_stream
 from cugraphrt.errors import OptionsError
 
 from . import _torch
+from ._eager_kernels import Numerics
 from ._generation_program import MAX_EOS, GenerationState, Program
 from .capture import graph
 from .control import while_loop
@@ -95,11 +96,14 @@ class Generator:
     chunk : int, default 32
         Decode steps per launch at most; the host sees tokens (and ``callback`` runs) after
         each chunk, and where the sequence outgrows a cache bucket.
-    compile_step : bool, default False
-        Compile the decode step's forward with Inductor (fused kernels, about half the
-        time of eager's for a small model) under ``eager_numerics``: eager's rounding,
-        though not its exact kernels, so tokens can differ from eager's. One compilation
-        per (batch bucket, cache bucket) used.
+    compile_step : bool or "fast", default False
+        Compile the decode step with Inductor, one compilation per (batch bucket, cache
+        bucket) used. True: under ``eager_numerics="exact"``, fused kernels where they
+        round as eager's and eager's own kernels for reductions and math functions: eager's
+        tokens, in about half the time of eager's kernels for a small model. ``"fast"``:
+        under ``eager_numerics=True`` (eager's rounding, Inductor's reductions and math):
+        about 15% faster again, but a token can part from eager's where two logits nearly
+        tie (docs/generation.md).
     graphed : bool, default True
         False runs the same program eagerly (any device, a host check per step): a
         reference, and a way to run without a GPU.
@@ -115,7 +119,7 @@ class Generator:
                  batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
-                 compile_step: bool = False, graphed: bool = True) -> None:
+                 compile_step: bool | Literal["fast"] = False, graphed: bool = True) -> None:
         self.max_length = _positive("max_length", max_length)
         if max_length < 2:
             raise OptionsError("max_length", max_length, "an integer >= 2 (a prompt token "
@@ -134,9 +138,10 @@ class Generator:
                                f"a length >= the largest prompt bucket "
                                f"({self.prompt_buckets[-1]})")
         self.chunk = _positive("chunk", chunk)
-        for name, flag in (("graphed", graphed), ("compile_step", compile_step)):
-            if not isinstance(flag, bool):
-                raise OptionsError(name, flag, "True or False")
+        if not isinstance(graphed, bool):
+            raise OptionsError("graphed", graphed, "True or False")
+        if not isinstance(compile_step, bool) and compile_step != "fast":
+            raise OptionsError("compile_step", compile_step, 'True, False or "fast"')
         self.graphed = graphed
         self.model = model
         self.device = _model_device(model)
@@ -148,7 +153,8 @@ class Generator:
         self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
         self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
         self._program = Program(model, self.state, self._cache,
-                                _step_options() if compile_step else None)
+                                _step_numerics(compile_step),
+                                len(self.batch_buckets) * len(self.cache_buckets))
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
@@ -401,10 +407,12 @@ def _multiples(step: int, largest: int) -> tuple[int, ...]:
     return (*range(step, largest, step), largest)
 
 
-def _step_options() -> dict:
-    from .dynamo import _inductor_patches
-
-    return _inductor_patches(True)
+def _step_numerics(compile_step: bool | str) -> Numerics | None:
+    """The decode step's Inductor numerics: None (not compiled), eager's bits, or eager's
+    rounding alone ("fast")."""
+    if compile_step is False:
+        return None
+    return True if compile_step == "fast" else "exact"
 
 
 def _bucket(size: int, buckets: tuple[int, ...], what: str, option: str) -> int:

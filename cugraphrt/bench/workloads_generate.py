@@ -11,13 +11,15 @@ batch 1 and 8. Systems:
 * ``per_token``: :class:`cugraphrt_torch.Generator` with ``chunk=1``: one launch and one host
   read per token (a host loop of graphed steps).
 * ``cugraphrt``: the Generator's defaults: eager's kernels, chunks of 32 steps per launch.
-* ``cugraphrt_compiled``: ``compile_step=True`` (Inductor, eager's rounding), one cache
-  bucket (one compilation per batch size).
+* ``cugraphrt_compiled``: ``compile_step=True``: Inductor under ``eager_numerics="exact"``
+  (eager's kernels for reductions and math functions), the default cache buckets (one
+  compilation per batch size and cache bucket): eager's tokens.
+* ``cugraphrt_fast``: ``compile_step="fast"`` (Inductor's kernels, eager's rounding), one
+  cache bucket (one compilation per batch size): the fastest step, tokens not eager's.
 * ``floor``: the ``per_token`` graphs launched back to back, no host read: new tokens x the
   graphed decode step, the time generation cannot beat with eager's kernels.
 * ``compiled_device``: the device time per step of ``cugraphrt_compiled``'s decode graphs
-  (CUDA events around each launch): the time generation cannot beat with Inductor's
-  kernels, which ``hf_static`` runs too.
+  (CUDA events around each launch): the time generation cannot beat with these kernels.
 
 Rows: time per new token (wall, prefill included), time to first token (a one-token
 generation, wall), the generator's memory (pool reserved + cache and state), and the leading
@@ -36,9 +38,10 @@ from .timing import single, summarize
 
 __all__ = ["GENERATE"]
 
-SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled", "floor",
+SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled",
+           "cugraphrt_fast", "floor",
            "compiled_device")
-OURS = ("per_token", "cugraphrt", "cugraphrt_compiled")
+OURS = ("per_token", "cugraphrt", "cugraphrt_compiled", "cugraphrt_fast")
 BATCHES, PROMPT, NEW, HIDDEN = (1, 8), 16, 256, 768
 REPEATS = 3  # generations per system and batch (hf_eager: one, 20 s at batch 1)
 US, MS, MIB = 1e6, 1e3, float(1 << 20)
@@ -155,8 +158,9 @@ def run_generate(ctx: Context) -> None:
     makers = {
         "per_token": lambda: Generator(model, max_length=length, chunk=1),
         "cugraphrt": lambda: Generator(model, max_length=length),
-        "cugraphrt_compiled": lambda: Generator(model, max_length=length, compile_step=True,
-                                                cache_buckets=(length,)),
+        "cugraphrt_compiled": lambda: Generator(model, max_length=length, compile_step=True),
+        "cugraphrt_fast": lambda: Generator(model, max_length=length, compile_step="fast",
+                                            cache_buckets=(length,)),
     }
     generators = {name: rows[MEMORY].setup(name, make) for name, make in makers.items()}
     for batch in BATCHES:
@@ -220,14 +224,15 @@ def _time(torch, whole, one, repeats: int):
     return seconds, firsts, tokens
 
 
-# Targets (the issue's, restated where a measurement in the same run shows them out of
-# reach; docs/generation.md, "Targets"): eager's tokens are kept by eager's kernels, whose
-# graphed step (``floor``) costs more than a third of hf_static's time per token, so the
-# speed targets are the compiled generator's, and its tokens are held to be at least as
-# close to eager's as those of transformers' own compiled generation. hf_static runs the
-# same Inductor kernels as cugraphrt_compiled; what one launch per chunk can remove is its
-# host time, so the gain is at most hf_static / compiled_device: 2.6x at batch 1 on the H100
-# host of 2026-11-27 (1,594 / 611 us). The batch-1 target is 2x, as batch 8's.
+# Targets (the issue's, the batch-1 speed restated; docs/generation.md, "Targets"): eager's
+# tokens, and speed against hf_static. Eager's tokens come from eager's kernels, graphed
+# (``cugraphrt``: at the floor, more than a third of hf_static's time per token), or from the
+# step compiled under eager_numerics="exact" (``cugraphrt_compiled``), which fuses only what
+# rounds as eager does. hf_static runs Inductor's own kernels, which ``cugraphrt_fast``
+# replays; one launch per chunk removes host time, not kernel time, so the gain at batch 1
+# is at most hf_static / compiled_device: 2.2x with eager's bits, 2.6x with Inductor's own
+# kernels (H100, 2026-11-27: 1,594 / 726 and 1,594 / 611 us), not the issue's 3x (measured
+# where hf_static took 2.55 ms). Both batch sizes: 2x, with eager's tokens.
 GENERATE = Workload(
     "generate", f"LlamaForCausalLM ({LLAMA_LAYERS} layers, hidden {HIDDEN}, bf16, random "
     f"weights): greedy generation of {NEW} tokens after {PROMPT}, batch 1 and 8; "
@@ -240,6 +245,6 @@ GENERATE = Workload(
      Target("cugraphrt", "floor", 1.10, metric=_per_token(8)),
      Target("cugraphrt", "hf_eager", 1.0, "at_least", metric=_same(1)),
      Target("cugraphrt", "hf_eager", 1.0, "at_least", metric=_same(8)),
-     Target("cugraphrt_compiled", "hf_static", 1.0, "at_least", metric=_same(1)),
-     Target("cugraphrt_compiled", "hf_static", 1.0, "at_least", metric=_same(8))),
+     Target("cugraphrt_compiled", "hf_eager", 1.0, "at_least", metric=_same(1)),
+     Target("cugraphrt_compiled", "hf_eager", 1.0, "at_least", metric=_same(8))),
     run_generate)

@@ -34,7 +34,7 @@ def test_entry_point_names_the_backend():
 @pytest.mark.parametrize("options, field", [
     ({"compiler": "tvm"}, "compiler"), ({"strict": "yes"}, "strict"), ({"warmup": 0}, "warmup"),
     ({"max_graphs": 0}, "max_graphs"), ({"max_rerecords": -1}, "max_rerecords"),
-    ({"copy_output": True}, "copy_output"), ({"eager_numerics": "exact"}, "eager_numerics")])
+    ({"copy_output": True}, "copy_output"), ({"eager_numerics": "bits"}, "eager_numerics")])
 def test_bad_options_name_the_field(options, field):
     with pytest.raises(cugraphrt.OptionsError, match=f"'{field}'"):
         dynamo.backend(torch.fx.symbolic_trace(torch.nn.ReLU()), [torch.randn(2)],
@@ -54,24 +54,37 @@ def test_defaults():
     assert opts.max_graphs >= 1 and opts.max_rerecords >= 0
 
 
-@pytest.mark.parametrize("eager_numerics", [False, True])
+@pytest.mark.parametrize("eager_numerics", [False, True, "exact"])
 def test_eager_numerics_patches_inductor_for_this_compilation_only(monkeypatch, eager_numerics):
     import torch._inductor.compile_fx as compile_fx_module
     import torch._inductor.config as inductor_config
 
     seen = []
 
-    def fake_compile_fx(gm, example_inputs, inner_compile, config_patches):
-        seen.append(config_patches)
+    def fake_compile_fx(gm, example_inputs, inner_compile, config_patches, decompositions):
+        seen.append((config_patches, decompositions))
         return gm
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile_fx)
     gm = torch.fx.symbolic_trace(torch.nn.ReLU())
     assert dynamo.backend(gm, [torch.randn(2)], options={"eager_numerics": eager_numerics}) is gm
-    assert seen[0]["triton.cudagraphs"] is False
-    assert seen[0].get("emulate_precision_casts", False) is eager_numerics
+    patches, decompositions = seen[0]
+    assert patches["triton.cudagraphs"] is False
+    assert patches.get("emulate_precision_casts", False) is bool(eager_numerics)
     if eager_numerics and hasattr(inductor_config, "eager_numerics"):
-        assert seen[0]["eager_numerics.division_rounding"] is True
+        assert patches["eager_numerics.division_rounding"] is True
+    if eager_numerics == "exact":
+        # The ops eager's kernels run are not decomposed; the rest of Inductor's table is.
+        from torch._inductor.decomposition import select_decomp_table
+
+        aten = torch.ops.aten
+        assert aten.silu.default in select_decomp_table()
+        assert aten.silu.default not in decompositions
+        assert aten._softmax.default not in decompositions
+        assert set(decompositions) < set(select_decomp_table())
+        assert patches["fx_graph_cache"] is False  # its key cannot see the lowering patch
+    else:
+        assert decompositions is None and "fx_graph_cache" not in patches
     # Given to compile_fx, which applies them around this compilation: nothing global.
     assert inductor_config.emulate_precision_casts is False
 

@@ -33,6 +33,7 @@ class _Tiny(torch.nn.Module):
     (dict(max_length=64, cache_buckets=(8,), prompt_buckets=(16,)), "cache_buckets"),
     (dict(max_length=64, graphed="yes"), "graphed"),
     (dict(max_length=64, compile_step=1), "compile_step"),
+    (dict(max_length=64, compile_step="fastest"), "compile_step"),
     (dict(max_length=64), "model"),  # graphed=True needs a model on a CUDA device
 ])
 def test_bad_options_are_refused(kwargs, field):
@@ -135,3 +136,32 @@ def test_bad_calls_are_refused(eager):
     with pytest.raises(OptionsError) as info:
         generator.generate(torch.zeros(5, 3, dtype=torch.int64), max_new_tokens=4)
     assert info.value.field == "batch size"
+
+
+@pytest.mark.parametrize("compile_step", [True, "fast"])
+def test_a_compiled_step_may_compile_once_per_decode_graph(compile_step):
+    # One compilation per (batch bucket, cache bucket): 3 x 4 = 12 here, past dynamo's
+    # default limit of 8 recompilations of one function, which the program lifts around
+    # its calls of the step (warm-ups and captures; replays do not run Python).
+    from torch._dynamo import config as dynamo_config
+
+    model = _model("llama")
+    generator = Generator(model, max_length=64, graphed=False, compile_step=compile_step,
+                          batch_buckets=(1, 2, 4), prompt_buckets=(8, 20),
+                          cache_buckets=(16, 24, 40, 64))
+    program, limits = generator._program, []
+    name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else \
+        "cache_size_limit"
+    before = getattr(dynamo_config, name)
+
+    def step(view, rows):
+        limits.append(getattr(dynamo_config, name))
+        program._step(view, rows)  # the same program, uncompiled (no C++ build here)
+
+    program.step = step
+    ids, mask = _prompts([5, 9])
+    expected = _reference(model, ids, mask, max_new_tokens=10)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=10, pad_token_id=0),
+                       expected)
+    assert limits and set(limits) == {max(before, 12)}
+    assert getattr(dynamo_config, name) == before

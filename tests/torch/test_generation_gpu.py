@@ -2,8 +2,8 @@
 
 Two architectures from configs with random weights (Llama; Qwen2 with grouped KV heads),
 prompts of mixed lengths left-padded as ``generate`` expects, batch sizes 1 to 8 (3 runs in
-bucket 4), EOS in the middle of a batch, the per-chunk callback, and the graphed program
-against the same program run eagerly.
+bucket 4), EOS in the middle of a batch, the per-chunk callback, the graphed program against
+the same program run eagerly, and the step compiled with eager's numerics.
 """
 
 from __future__ import annotations
@@ -62,6 +62,18 @@ def test_tokens_equal_hf_eager_generate(setup, lengths):
     assert torch.equal(got, expected), [
         int((got[r] != expected[r]).nonzero()[0]) for r in range(len(lengths))
         if not torch.equal(got[r], expected[r])]
+
+
+def test_compiled_step_keeps_eager_tokens(setup):
+    # compile_step=True: Inductor under eager_numerics="exact" (Qwen2's q/k/v biases too).
+    # One cache bucket (prompts + 40 tokens <= 64 positions): one compilation per model.
+    model, _ = setup
+    generator = Generator(model, max_length=128, batch_buckets=(8,), compile_step=True)
+    ids, mask = _prompts([5, 9, 17, 3, 12, 17, 8, 1], seed=3)
+    expected = _reference(model, ids, mask, max_new_tokens=40)
+    got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert generator.stats().decode_graphs == ((8, 64),)
 
 
 def test_eos_in_the_middle_of_a_batch(setup):
