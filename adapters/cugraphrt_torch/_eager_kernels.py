@@ -20,8 +20,10 @@ alone, at the price of the kernels fusion no longer saves (docs/compile.md, "Eag
 numerics"). Denormal fp32 values aside (Triton may flush them), the results are eager's bits.
 Inference graphs only (:func:`check_inference`).
 
-The lowering patch is scoped to one Inductor compilation (a ``with`` around it); the FX graph
-cache is off for these compilations, since its key cannot see the patch.
+The lowering patch is scoped to one Inductor compilation (a ``with`` around it), but it patches
+Inductor's one table of lowerings: a compilation in another thread meanwhile also gets eager's
+kernels (slower, never less exact). The FX graph cache is off for these compilations, since
+its key cannot see the patch.
 """
 
 from __future__ import annotations
