@@ -28,14 +28,13 @@ from cugraphrt.errors import OptionsError
 
 from . import _torch
 from ._eager_kernels import Numerics
+from ._generation_options import generator_options
 from ._generation_program import MAX_EOS, GenerationState, Program
 from .capture import graph
 from .control import while_loop
 from .cuda_graph import graph_pool_handle
 
 __all__ = ["Generator", "GeneratorStats"]
-
-_PROMPT_BUCKET_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -120,28 +119,14 @@ class Generator:
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
                  compile_step: bool | Literal["fast"] = False, graphed: bool = True) -> None:
-        self.max_length = _positive("max_length", max_length)
-        if max_length < 2:
-            raise OptionsError("max_length", max_length, "an integer >= 2 (a prompt token "
-                               "and a new one)")
-        self.batch_buckets = _buckets("batch_buckets", batch_buckets)
-        self.prompt_buckets = _buckets("prompt_buckets", prompt_buckets if prompt_buckets
-                                       is not None else _powers(_PROMPT_BUCKET_MIN, max_length))
-        self.cache_buckets = _buckets("cache_buckets", cache_buckets if cache_buckets
-                                      is not None else _multiples(64, max_length))
-        for name, sizes in (("prompt_buckets", self.prompt_buckets),
-                            ("cache_buckets", self.cache_buckets)):
-            if sizes[-1] > self.max_length:
-                raise OptionsError(name, sizes, f"lengths up to max_length ({max_length})")
-        if self.cache_buckets[-1] < self.prompt_buckets[-1]:
-            raise OptionsError("cache_buckets", self.cache_buckets,
-                               f"a length >= the largest prompt bucket "
-                               f"({self.prompt_buckets[-1]})")
-        self.chunk = _positive("chunk", chunk)
-        if not isinstance(graphed, bool):
-            raise OptionsError("graphed", graphed, "True or False")
-        if not isinstance(compile_step, bool) and compile_step != "fast":
-            raise OptionsError("compile_step", compile_step, 'True, False or "fast"')
+        opts = generator_options(
+            max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
+            cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
+            graphed=graphed)
+        self.max_length, self.chunk = opts.max_length, opts.chunk
+        self.batch_buckets = opts.batch_buckets
+        self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
+        self.cache_buckets: tuple[int, ...] = opts.cache_buckets or ()
         self.graphed = graphed
         self.model = model
         self.device = _model_device(model)
@@ -153,7 +138,7 @@ class Generator:
         self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
         self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
         self._program = Program(model, self.state, self._cache,
-                                _step_numerics(compile_step),
+                                _step_numerics(opts.compile_step),
                                 len(self.batch_buckets) * len(self.cache_buckets))
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
@@ -380,31 +365,6 @@ def _positive(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise OptionsError(name, value, "an integer >= 1")
     return value
-
-
-def _buckets(name: str, values: Any) -> tuple[int, ...]:
-    try:
-        sizes = tuple(values)
-    except TypeError:
-        sizes = ()
-    if not sizes or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in sizes):
-        raise OptionsError(name, values, "a non-empty sequence of integers >= 1")
-    return tuple(sorted(set(sizes)))
-
-
-def _powers(smallest: int, largest: int) -> tuple[int, ...]:
-    """smallest, 2 * smallest, 4 * smallest, ... below ``largest``, then ``largest``."""
-    sizes, size = [], smallest
-    while size < largest:
-        sizes.append(size)
-        size *= 2
-    sizes.append(largest)
-    return tuple(sizes)
-
-
-def _multiples(step: int, largest: int) -> tuple[int, ...]:
-    """step, 2 * step, 3 * step, ... below ``largest``, then ``largest``."""
-    return (*range(step, largest, step), largest)
 
 
 def _step_numerics(compile_step: bool | str) -> Numerics | None:

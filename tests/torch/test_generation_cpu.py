@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cugraphrt_torch import Generator  # noqa: E402
-from cugraphrt_torch.generation import _multiples, _powers  # noqa: E402
+from cugraphrt_torch._generation_options import multiples, powers  # noqa: E402
 
 from cugraphrt.errors import OptionsError  # noqa: E402
 
@@ -43,10 +43,10 @@ def test_bad_options_are_refused(kwargs, field):
 
 
 def test_default_buckets():
-    assert _powers(16, 300) == (16, 32, 64, 128, 256, 300)
-    assert _powers(16, 16) == (16,)
-    assert _multiples(64, 272) == (64, 128, 192, 256, 272)
-    assert _multiples(64, 64) == (64,)
+    assert powers(16, 300) == (16, 32, 64, 128, 256, 300)
+    assert powers(16, 16) == (16,)
+    assert multiples(64, 272) == (64, 128, 192, 256, 272)
+    assert multiples(64, 64) == (64,)
 
 
 # -- the program, eagerly, against transformers ------------------------------------------------
