@@ -290,6 +290,10 @@ def _allowed(model: type[BaseModel], field: str, error: typing.Mapping[str, typi
         return "allowed values are True and False"
     if info.annotation == bool | None:
         return "allowed values are True, False and None (the default)"
+    if bool in choices and all(c is bool or typing.get_origin(c) is Literal for c in choices):
+        # A switch with named settings besides: bool | Literal["exact"].
+        words = [repr(w) for c in choices if c is not bool for w in typing.get_args(c)]
+        return "allowed values are True, False and " + ", ".join(words)
     if info.annotation is int and bounds:
         low = getattr(bounds[0], "ge", None)
         return f"allowed values are integers >= {low}"

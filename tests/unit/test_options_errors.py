@@ -27,6 +27,23 @@ from cugraphrt.options import (
 )
 
 
+def test_a_switch_with_named_settings_lists_them_all():
+    from typing import Literal
+
+    from cugraphrt.options import Frozen
+
+    class Switch(Frozen):
+        mode: bool | Literal["exact", "fast"] = False
+
+    for good in (True, False, "exact", "fast"):
+        assert validate_options(Switch, mode=good).mode == good
+    for bad in ("Exact", 1, None):
+        with pytest.raises(OptionsError) as info:
+            validate_options(Switch, mode=bad)
+        assert info.value.field == "mode"
+        assert "allowed values are True, False and 'exact', 'fast'" in str(info.value)
+
+
 def test_capture_mode_default_and_allowed_values():
     assert validate_options(CaptureOptions).capture_error_mode == "global"
     for mode in ("global", "thread_local", "relaxed"):
