@@ -37,8 +37,8 @@ import torch
 
 from cugraphrt.errors import OptionsError
 
-__all__ = ["EAGER_KERNEL_OPS", "Numerics", "check_inference", "inductor_backend",
-           "inductor_settings", "eager_kernel_lowerings"]
+__all__ = ["EAGER_KERNEL_OPS", "Numerics", "check_inference", "compile_inductor",
+           "inductor_backend", "inductor_settings", "eager_kernel_lowerings"]
 
 #: ``eager_numerics``' values: False (Inductor's own), True (eager's rounding), "exact".
 Numerics = bool | Literal["exact"]
@@ -139,22 +139,30 @@ def check_inference(numerics: Numerics, compile_kwargs: dict) -> None:
                            "torch.no_grad(); compiler=\"aot_eager\" trains with eager's bits)")
 
 
+def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Any, numerics: Numerics,
+                     finish: Callable[..., Any] | None = None) -> Any:
+    """Inductor's ``compile_fx`` under ``numerics``, without CUDA graphs of its own:
+    ``finish(compiled, graph, inputs, kwargs)``, if given, wraps each compiled graph."""
+    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+    patches, decompositions = inductor_settings(numerics)
+
+    def inner(graph, inputs, **kwargs):
+        check_inference(numerics, kwargs)
+        # Around each compilation, a backward's later one included.
+        with eager_kernel_lowerings(numerics):
+            compiled = compile_fx_inner(graph, inputs, **kwargs)
+        return compiled if finish is None else finish(compiled, graph, inputs, kwargs)
+
+    # compile_fx applies the patches to the backward's later compilation too.
+    return compile_fx(gm, example_inputs, inner_compile=inner,
+                      config_patches={"triton.cudagraphs": False, **patches},
+                      decompositions=decompositions)
+
+
 def inductor_backend(numerics: Numerics) -> Callable:
-    """A ``torch.compile`` backend: Inductor (no CUDA graphs of its own) under ``numerics``."""
-    def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Any:
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        patches, decompositions = inductor_settings(numerics)
-
-        def inner(graph, inputs, **kwargs):
-            check_inference(numerics, kwargs)
-            with eager_kernel_lowerings(numerics):
-                return compile_fx_inner(graph, inputs, **kwargs)
-
-        return compile_fx(gm, example_inputs, inner_compile=inner,
-                          config_patches={"triton.cudagraphs": False, **patches},
-                          decompositions=decompositions)
-    return backend
+    """A ``torch.compile`` backend: :func:`compile_inductor` under ``numerics``."""
+    return functools.partial(compile_inductor, numerics=numerics)
 
 
 @functools.cache

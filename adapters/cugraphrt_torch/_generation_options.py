@@ -75,4 +75,3 @@ def powers(smallest: int, largest: int) -> tuple[int, ...]:
 def multiples(step: int, largest: int) -> tuple[int, ...]:
     """step, 2 * step, 3 * step, ... below ``largest``, then ``largest``."""
     return (*range(step, largest, step), largest)
-

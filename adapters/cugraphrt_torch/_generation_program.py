@@ -131,7 +131,11 @@ class Program:
         self.step = self._step if numerics is None else torch.compile(
             self._step, backend=inductor_backend(numerics), dynamic=False)
         self.compiled = numerics is not None
-        self._recompile_limit = max(8, steps)
+        from torch._dynamo import config as dynamo_config
+
+        name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else \
+            "cache_size_limit"
+        self._recompile_limit = (name, max(8, steps))
 
     def _view(self, rows: int, length: int) -> Any:
         view = self.views.get((rows, length))
@@ -177,10 +181,8 @@ class Program:
             return
         from torch._dynamo import config as dynamo_config
 
-        name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else \
-            "cache_size_limit"
-        with dynamo_config.patch({name: max(getattr(dynamo_config, name),
-                                            self._recompile_limit)}):
+        name, limit = self._recompile_limit
+        with dynamo_config.patch({name: max(getattr(dynamo_config, name), limit)}):
             self.step(self._view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:

@@ -26,7 +26,7 @@ from cugraphrt.options import Frozen, validate_options
 from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
-from ._eager_kernels import Numerics, check_inference, eager_kernel_lowerings, inductor_settings
+from ._eager_kernels import Numerics, compile_inductor
 from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
@@ -147,25 +147,14 @@ class _DynamoGraph:
         self.forward_static: frozenset[int] = frozenset()
 
     def compile_inductor(self, gm, example_inputs, numerics: Numerics):
-        from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
-        patches, decompositions = inductor_settings(numerics)
-
-        def inner(graph, inputs, **kwargs):
-            check_inference(numerics, kwargs)
-            # Around each compilation, a backward's later one included.
-            with eager_kernel_lowerings(numerics):
-                compiled = compile_fx_inner(graph, inputs, **kwargs)
+        def finish(compiled, graph, inputs, kwargs):
             kind = ("backward" if kwargs.get("is_backward") else
                     "inference" if kwargs.get("is_inference") else "forward")
             return self.piece(compiled, graph, inputs, kind, kwargs.get("static_input_idxs"))
 
         # AOTAutograd's cache stores Inductor's output code; a AotGraph is not one.
         with _no_autograd_cache():
-            # compile_fx applies the patches to the backward's later compilation too.
-            return compile_fx(gm, example_inputs, inner_compile=inner,
-                              config_patches={"triton.cudagraphs": False, **patches},
-                              decompositions=decompositions)
+            return compile_inductor(gm, example_inputs, numerics, finish)
 
     def compile_aot_eager(self, gm, example_inputs):
         from torch._dynamo.backends.common import aot_autograd
