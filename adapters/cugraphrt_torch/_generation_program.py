@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import types
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -127,9 +129,12 @@ class Program:
         # captures it) under ``numerics`` when given: the forward and the choice, whose
         # integer bookkeeping Inductor fuses into a few kernels (exactly: no rounding in it).
         # One compilation per decode graph (``steps`` of them): dynamo's recompile limit
-        # (8 per function) must allow as many.
+        # (8 per function) must allow as many. Dynamo keeps compilations per code object,
+        # so the step gets one of its own: another program's compilations (a second
+        # generator in the process) neither count against this one's limit, which would
+        # leave this step to run uncompiled, nor outlive their program.
         self.step = self._step if numerics is None else torch.compile(
-            self._step, backend=inductor_backend(numerics), dynamic=False)
+            _own_code(self._step), backend=inductor_backend(numerics), dynamic=False)
         self.compiled = numerics is not None
         from torch._dynamo import config as dynamo_config
 
@@ -209,3 +214,11 @@ class Program:
         state.cur.add_(1)
         torch.logical_and(finished.logical_not().any(), state.cur < state.max_len,
                           out=state.running)
+
+
+def _own_code(method: Callable) -> Callable:
+    """``method`` bound to the same object, its function on a fresh copy of its code."""
+    func = method.__func__  # type: ignore[attr-defined]
+    own = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
+                             func.__defaults__, func.__closure__)
+    return types.MethodType(own, method.__self__)  # type: ignore[attr-defined]

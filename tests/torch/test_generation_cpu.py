@@ -165,3 +165,37 @@ def test_a_compiled_step_may_compile_once_per_decode_graph(compile_step):
                        expected)
     assert limits and set(limits) == {max(before, 12)}
     assert getattr(dynamo_config, name) == before
+
+
+def test_each_generator_compiles_its_own_step(monkeypatch):
+    # Dynamo keeps compilations per code object and counts them against one recompile
+    # limit: were the steps of two generators one function, the second generator's steps
+    # past the limit would run uncompiled (no error, only slower). Each program's step has
+    # code of its own. The backend here counts and runs the graph as traced (no C++ build).
+    from cugraphrt_torch import _generation_program
+
+    compiled: list[int] = []
+
+    def counting(numerics):
+        def backend(gm, inputs):
+            compiled.append(id(gm))
+            return gm.forward
+        return backend
+
+    monkeypatch.setattr(_generation_program, "inductor_backend", counting)
+    torch._dynamo.reset()
+    model = _model("llama")
+    ids, mask = _prompts([5, 3])
+    expected = [_reference(model, ids[:1], mask[:1, :5], max_new_tokens=40),
+                _reference(model, ids, mask, max_new_tokens=40)]
+    generators = [Generator(model, max_length=64, graphed=False, compile_step=True,
+                            batch_buckets=(1, 2), prompt_buckets=(8,),
+                            cache_buckets=(16, 24, 40, 64)) for _ in range(2)]
+    for generator in generators:  # 2 batch buckets x 4 cache buckets: 8 graphs each
+        assert torch.equal(generator.generate(ids[:1], mask[:1, :5], max_new_tokens=40,
+                                              pad_token_id=0), expected[0])
+        assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0),
+                           expected[1])
+    assert len(compiled) == 16
+    steps = [generator._program.step for generator in generators]
+    assert steps[0] is not steps[1]
