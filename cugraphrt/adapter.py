@@ -11,7 +11,8 @@ streams, capture). What the core **offers** it, in four groups:
 * **Callables**: :class:`CallPath` (the one call path: copy in, settle, replay, hand out),
   its usual steps :class:`CopyIn` and :class:`HandOut`, the :class:`Mismatch` a step raises,
   :func:`load_step` (the ``load`` step for ``inputs="copy"`` or ``"rebind"``, with
-  :func:`plan_for`, :func:`rebind_step`, :func:`byte_extent`, :func:`check_inputs_mode`);
+  :func:`plan_for`, :func:`rebind_step`, :func:`with_write_back` (the replay that copies
+  written inputs back), :func:`byte_extent`, :func:`check_inputs_mode`);
   shape buckets (:class:`Bucketed`, :class:`CapturedBucket`, :func:`resolve_buckets`); the
   overwritten-output check (:class:`OutputCheck`, :class:`OutputOps`,
   :class:`OverwriteOrder`, :func:`order_for`, :func:`resolve_check_outputs`).
@@ -55,6 +56,7 @@ from cugraphrt._callables.rebind import (
     load_step,
     plan_for,
     rebind_step,
+    with_write_back,
 )
 from cugraphrt._callables.rebind_plan import byte_extent
 from cugraphrt._capture import diagnose as _diagnose
@@ -95,7 +97,8 @@ __all__ = [
     # callables
     "CallPath", "CopyIn", "HandOut", "Mismatch", "Bucketed", "CapturedBucket",
     "instantiate_measured",
-    "resolve_buckets", "load_step", "plan_for", "rebind_step", "byte_extent", "INPUT_MODES",
+    "resolve_buckets", "load_step", "plan_for", "rebind_step", "with_write_back", "byte_extent",
+    "INPUT_MODES",
     "check_inputs_mode", "OutputCheck", "OutputOps", "OverwriteOrder", "order_for",
     "resolve_check_outputs", "CHECK_OUTPUTS_ENV",
     # capture hooks

@@ -105,6 +105,48 @@ def pytest_runtest_setup(item):
                     pytrace=False)
 
 
+#: Skip reasons that mean "a package the GPU machine has is missing here": on a GPU host
+#: under CUGRAPHRT_REQUIRE_GPU=1 they fail instead. Without this, a test module behind
+#: ``importorskip("transformers")`` or a launch without NCCL skipped there silently.
+MISSING_ON_GPU_HOST = ("could not import 'transformers'", "No module named 'transformers'",
+                       "could not import 'torchvision'", "cannot load NCCL",
+                       "could not import 'cuda.bindings")
+
+
+def fails_instead(reason: str) -> bool:
+    """Whether a skip for ``reason`` must fail here: under CUGRAPHRT_REQUIRE_GPU=1, on a host
+    whose GPU is usable, when ``reason`` names a missing package of :data:`MISSING_ON_GPU_HOST`."""
+    return REQUIRE_GPU and NO_GPU_REASON is None and any(
+        text in reason for text in MISSING_ON_GPU_HOST)
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2])
+    return str(longrepr)
+
+
+def fail_required_skip(report) -> None:
+    """Turn ``report`` (a skipped test or module) into a failure when :func:`fails_instead`."""
+    if report.skipped and fails_instead(reason := _skip_reason(report)):
+        report.outcome = "failed"
+        report.longrepr = (f"CUGRAPHRT_REQUIRE_GPU=1 on a GPU host, but this skipped for a "
+                           f"missing package ({reason}); install it there")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    fail_required_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    fail_required_skip(outcome.get_result())
+
+
 def _skip_marked(items, marker: str, reason: str) -> None:
     skip = pytest.mark.skip(reason=reason)
     for item in items:

@@ -188,7 +188,7 @@ class AotGraph:
     # -- the call path -------------------------------------------------------------------
     def __call__(self, args: list):
         if self._reason is not None:
-            return self._fallback(args)
+            return self._run_eagerly(args)
         if self._buckets is not None and self._buckets.serves(args):
             return self._bucketed(args)
         key = self._key(args) if self._dynamic else ()
@@ -209,7 +209,7 @@ class AotGraph:
     def _eager(self, args: list):
         return self._compiled(list(args))
 
-    def _fallback(self, args: list):
+    def _run_eagerly(self, args: list):
         if self._settings.strict:
             raise CaptureError(f"piece '{self.name}' cannot be captured ({self._reason}); "
                                f"run it without strict=True to fall back to eager")

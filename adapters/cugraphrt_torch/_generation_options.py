@@ -8,8 +8,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field
 
+from cugraphrt.adapter import Frozen
 from cugraphrt.errors import OptionsError
-from cugraphrt.options import Frozen, validate_options
+from cugraphrt.options import validate_options
 
 __all__ = ["GeneratorOptions", "generator_options"]
 

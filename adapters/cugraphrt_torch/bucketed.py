@@ -18,6 +18,7 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import Bucketed, CapturedBucket, instantiate_measured, order_for
 from cugraphrt.errors import ReplayError
 
+from . import _torch
 from ._output_check import FIX_COPY, make_check
 from .capture import graph
 from .framework import TORCH
@@ -68,8 +69,13 @@ class BucketedModule:
                 # Kept, to instantiate it apart and measure the executable (BucketStat).
                 cuda_graph = Graph(keep_graph=True)
                 session = graph(cuda_graph, pool=pool)
+                leaves = [a for a in args if isinstance(a, torch.Tensor)]
+                versions = _torch.versions(leaves)
                 with session:
                     outputs = module(*args)
+                written = _torch.moved(leaves, versions)
+                if warm:
+                    _torch.give_back_warm_up_memory()
                 exec_bytes = instantiate_measured(cuda_graph)
             seq = order_for(pool).next_seq()  # before any other capture
             replay = session._replay
@@ -81,7 +87,8 @@ class BucketedModule:
             # The torch MemPool keeps the outputs' memory mapped once they share it.
             return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq,
                                   graph=cuda_graph if inputs == "rebind" else None,
-                                  memory=session.memory, exec_bytes=exec_bytes)
+                                  memory=session.memory, exec_bytes=exec_bytes,
+                                  written=written)
 
         def check(pool: MemPool):
             return make_check(check_outputs, f"graph_module({type(module).__name__}, buckets)",
@@ -112,7 +119,7 @@ class BucketedModule:
             if self._strict:
                 raise ReplayError(message + "; restore it, or graph the module again "
                                   "(strict=True)")
-            return self._core._fallback(args, "training", message)
+            return self._core.fallback(args, "training", message)
         with torch.no_grad():
             return self._core(*args)
 

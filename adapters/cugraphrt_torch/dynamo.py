@@ -19,9 +19,9 @@ import torch
 import torch._guards
 from pydantic import Field
 
-from cugraphrt.adapter import resolve_buckets
+from cugraphrt.adapter import Frozen, resolve_buckets
 from cugraphrt.errors import OptionsError
-from cugraphrt.options import Frozen, validate_options
+from cugraphrt.options import validate_options
 
 from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs

@@ -20,6 +20,7 @@ from cugraphrt.adapter import (
     order_for,
     plan_for,
     rebind_step,
+    with_write_back,
 )
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
@@ -67,7 +68,10 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     strict : bool, default False
         Raise :class:`cugraphrt.ReplayError` for a call that does not match the capture
         (argument count, shape, dtype or device, or a changed ``training`` flag) instead of
-        running it eagerly with a one-time warning naming the reason.
+        running it eagerly with a one-time warning naming the reason. With
+        ``inputs="rebind"``, also raise :class:`cugraphrt.CaptureError` when the rebinding
+        plan cannot patch every input, instead of copying them in (and back out where the
+        forward writes them).
     buckets, dynamic_dim, pad, memory_budget
         Serve every size of a dynamic dimension with one graph per bucket, exactly as
         :func:`cugraphrt.make_graphed` does for CuPy functions (same machinery): a call of
@@ -83,7 +87,9 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         ``"rebind"``: point the graph at each call's own tensors instead of copying them in,
         where the capture's rebinding plan covers every place an input's address appears
         (otherwise copy, with a one-time warning naming why); tensors must have the captured
-        strides too (else they are copied). See docs/rebinding.md.
+        strides too (else they are copied). Wherever an input is copied in, the inputs the
+        forward writes in place (their version counters moved during the capture) are
+        copied back to the caller's tensors after the replay. See docs/rebinding.md.
 
     Returns
     -------
@@ -125,14 +131,17 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         _warm_up(module, static, options.num_warmup_iters, device)
         cuda_graph = Graph()
         capture = graph(cuda_graph, pool=pool)
+        versions = _torch.versions(static)
         with capture:
             outputs = module(*static)
+        written = _torch.moved(static, versions)
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
     check = None if options.copy_outputs else make_check(
         options.check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
     return GraphedModule(module, cuda_graph, capture, static, outputs, options.copy_outputs,
-                         strict, order=order, seq=seq, check=check, inputs=inputs)
+                         strict, order=order, seq=seq, check=check, inputs=inputs,
+                         written=written)
 
 
 def _sample_tuple(sample_args) -> tuple:
@@ -186,6 +195,7 @@ def _warm_up(module, args: tuple, iterations: int, device: int) -> None:
     torch.cuda.current_stream(device).wait_stream(stream)
 
 
+
 class GraphedModule:
     """A module's forward captured as a CUDA graph: call it like the module.
 
@@ -208,7 +218,8 @@ class GraphedModule:
     def __init__(self, module, cuda_graph: Graph, capture: graph, static_inputs: tuple,
                  outputs: Any, copy_outputs: bool, strict: bool, *,
                  order: OverwriteOrder | None = None, seq: int = 0,
-                 check: OutputCheck | None = None, inputs: str = "copy") -> None:
+                 check: OutputCheck | None = None, inputs: str = "copy",
+                 written: list[bool] | None = None) -> None:
         self.module = module
         self.graph = cuda_graph
         # torch_graph reads through the capture's weak reference. Its replay object does
@@ -233,13 +244,15 @@ class GraphedModule:
         paths = [f"args[{i}]" for i in range(len(statics))]
         #: With inputs="rebind": the rebinding plan (``complete``, ``explain``); else None.
         self.rebinding = None if inputs == "copy" else plan_for(
-            TORCH, statics, paths, cuda_graph, _tree.flatten(outputs, "output")[0])
+            TORCH, statics, paths, cuda_graph, _tree.flatten(outputs, "output")[0],
+            written=written)
         load = (CopyIn(TORCH, statics, paths) if self.rebinding is None else rebind_step(
             TORCH, statics, paths, cuda_graph, self.rebinding,
-            f"graph_module({type(module).__name__})"))
+            f"graph_module({type(module).__name__})", strict=strict))
         self._path = CallPath(
             load,
-            order if order is not None else OverwriteOrder(), seq, replay.on_torch_stream,
+            order if order is not None else OverwriteOrder(), seq,
+            with_write_back(TORCH, load, replay.on_torch_stream),
             HandOut(outputs, TORCH, copy=copy_outputs, check=check, seq=seq, which=which))
 
     @property

@@ -14,7 +14,13 @@ from typing import Any
 from cugraphrt import _tree
 from cugraphrt._callables.bucket_plan import rows
 from cugraphrt._callables.call_path import CallPath, HandOut
-from cugraphrt._callables.rebind import RebindIn, load_step
+from cugraphrt._callables.rebind import (
+    RebindIn,
+    outside_pool,
+    plan_for,
+    rebind_step,
+    with_write_back,
+)
 from cugraphrt._memory.overwrites import OverwriteOrder
 
 __all__ = ["BucketSteps"]
@@ -30,7 +36,8 @@ class BucketSteps:
 
     __slots__ = ("_size", "_use", "_hand_outs", "_slots", "_statics", "_ops", "_pad_fn",
                  "_pad_value", "_clock", "_probe", "_outputs", "_output_dims", "_copy", "_check",
-                 "_seq", "_replay", "_rebind", "_home")
+                 "_seq", "_replay", "_rebind", "_home", "_slot_back", "_static_back",
+                 "_copied", "copied", "writes", "_pool", "_address")
 
     def __init__(self, owner: Any, bucket: Any, entry: Any) -> None:
         # The bucket holds the path that holds these steps: they hold its parts, not it.
@@ -55,18 +62,34 @@ class BucketSteps:
         # graph pointed back at them.
         self._rebind: RebindIn | None = None
         self._home: list = []
+        # inputs="rebind" keeps its meaning where a call is copied in: the slots and static
+        # arguments the graph writes go back to the caller's arrays after the replay.
+        self._slot_back: tuple = ()
+        self._static_back: tuple = ()
+        self._copied: list = []
+        self.copied: list = self._copied
         if owner._inputs == "rebind" and entry.graph is not None:
             home = owner._bucket_leaves(bucket.size)
             paths = [f"args[{i}]" for i in range(len(home))]
-            step = load_step(owner._ops, home, paths, entry.graph, "rebind",
-                             _tree.flatten(entry.outputs, "output")[0],
-                             label=f"{owner._name}, bucket {bucket.size}")
+            plan = plan_for(owner._ops, home, paths, entry.graph,
+                            _tree.flatten(entry.outputs, "output")[0], written=entry.written)
+            step = rebind_step(owner._ops, home, paths, entry.graph, plan,
+                               f"{owner._name}, bucket {bucket.size}", strict=owner._strict)
             if isinstance(step, RebindIn):
                 self._rebind, self._home = step, home
+            arrays = [i for i, leaf in enumerate(home) if isinstance(leaf, owner._ops.array_type)]
+            writes = {i for i, w in zip(arrays, plan.written, strict=True) if w}
+            self._slot_back = tuple(slot for slot in self._slots if slot.index in writes)
+            self._static_back = tuple((index, static) for index, static, *_ in self._statics
+                                      if index in writes)
+        self.writes = bool(self._slot_back or self._static_back)
+        self._pool = owner.pool
+        self._address: Any = owner._ops.address if self.writes else None
 
     def path(self, order: OverwriteOrder) -> CallPath:
         """The bucket's call path, over these steps."""
-        return CallPath(self.load, order, self._seq, self._replay, self.hand_out)
+        return CallPath(self.load, order, self._seq,
+                        with_write_back(self._ops, self, self._replay), self.hand_out)
 
     def load(self, leaves: Sequence[Any]) -> int:
         probe = self._probe
@@ -76,6 +99,7 @@ class BucketSteps:
         if rebind is not None:
             if n == size:
                 rebind(leaves)
+                self.copied = rebind.copied
                 self._count(n)
                 return n
             rebind(self._home)  # no-op while the graph points at its own buffers
@@ -94,8 +118,25 @@ class BucketSteps:
             value = leaves[index]
             if value is not static:
                 copy(static, value)
+        if self.writes:
+            self._note_copies(leaves, n)
         self._count(n)
         return n
+
+    def _note_copies(self, leaves: Sequence[Any], n: int) -> None:
+        """What the replay must copy back: the written slots' first ``n`` rows, the written
+        static arguments (``inputs="rebind"``; see the module docstring)."""
+        copied = self.copied = self._copied
+        copied.clear()
+        pool, address = self._pool, self._address
+        for slot in self._slot_back:
+            value = leaves[slot.index]
+            if outside_pool(pool, address(value)):  # not an earlier output (x = f(x))
+                copied.append((slot.copy_views[n], value))
+        for index, static in self._static_back:
+            value = leaves[index]
+            if value is not static and outside_pool(pool, address(value)):
+                copied.append((static, value))
 
     def _count(self, n: int) -> None:
         use = self._use

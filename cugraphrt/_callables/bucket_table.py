@@ -42,13 +42,19 @@ class CapturedBucket:
         (:mod:`cugraphrt._callables.buckets`, "Outputs").
     exec_bytes : int, optional
         Device memory the executable took when instantiated (:func:`instantiate_measured`).
+    written : sequence of bool, optional
+        Per array argument, whether the capture wrote it, where the framework knows (torch:
+        version counters); narrows what the rebinding plan reads from the nodes (None:
+        the nodes' answer alone).
     """
 
-    __slots__ = ("replay", "outputs", "release", "seq", "graph", "memory", "exec_bytes")
+    __slots__ = ("replay", "outputs", "release", "seq", "graph", "memory", "exec_bytes",
+                 "written")
 
     def __init__(self, replay: Callable[[], None], outputs: Any,
                  release: Callable[[], None], seq: int = 0, graph: Any = None,
-                 memory: Any = None, exec_bytes: int | None = None) -> None:
+                 memory: Any = None, exec_bytes: int | None = None,
+                 written: Any = None) -> None:
         self.replay = replay
         self.outputs = outputs
         self.release = release
@@ -56,6 +62,7 @@ class CapturedBucket:
         self.graph = graph
         self.memory = memory
         self.exec_bytes = exec_bytes
+        self.written = written
 
 
 def instantiate_measured(graph: Any) -> int:

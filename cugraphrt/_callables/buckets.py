@@ -166,20 +166,20 @@ class Bucketed:
         else:
             leaves, spec, _ = _tree.flatten(args, "args")
             if spec != self._spec:
-                return self._fallback(args, "structure", (
+                return self.fallback(args, "structure", (
                     f"the arguments do not match the sample's structure (expected "
                     f"{self._spec.describe()}, got {spec.describe()})"))
         probe = self._probe
         try:
             n = leaves[probe.index].shape[probe.dim]
         except (AttributeError, IndexError, TypeError):
-            return self._fallback(args, f"type {probe.path}", self._type_reason(probe.path,
+            return self.fallback(args, f"type {probe.path}", self._type_reason(probe.path,
                                                                                 leaves[probe.index]))
         if not 0 < n <= self._max:
             if n == 0:
-                return self._fallback(args, "empty", f"{probe.path} has size 0 in dimension "
+                return self.fallback(args, "empty", f"{probe.path} has size 0 in dimension "
                                       f"{probe.dim} (got an empty batch)")
-            return self._fallback(args, "above", (
+            return self.fallback(args, "above", (
                 f"size {n} of dimension {probe.dim} is above the largest bucket "
                 f"{self._max} (got {probe.path} of shape {tuple(leaves[probe.index].shape)})"))
         bucket = self._bucket_of[n]
@@ -196,18 +196,18 @@ class Bucketed:
                 continue
             if (not isinstance(value, array_type) or value.shape != shape
                     or value.dtype != dtype):
-                return self._fallback(args, f"static {path}", (
+                return self.fallback(args, f"static {path}", (
                     f"argument {path} is not dynamic and changed (expected "
                     f"{self._ops.describe(static)}, got {self._ops.describe(value)})"))
         for index, expected, path in self._constants:
             if leaves[index] != expected:
-                return self._fallback(args, f"constant {path}", (
+                return self.fallback(args, f"constant {path}", (
                     f"argument {path} differs from the sample (expected {expected!r}, got "
                     f"{leaves[index]!r}); non-array arguments are baked into the graphs"))
         path = bucket.path
         if path is None:
             if self._capture(bucket) is None:
-                return self._fallback(args, f"budget {bucket.size}", (
+                return self.fallback(args, f"budget {bucket.size}", (
                     f"bucket {bucket.size} alone needs more pool memory than memory_budget="
                     f"{self._budget} bytes (got {bucket.alone_bytes} bytes reserved with its "
                     f"graph alone)"))
@@ -389,18 +389,18 @@ class Bucketed:
 
     def _mismatch(self, args: tuple, slot: Slot, value: Any, n: int) -> Any:
         if not isinstance(value, self._ops.array_type):
-            return self._fallback(args, f"type {slot.path}", self._type_reason(slot.path, value))
+            return self.fallback(args, f"type {slot.path}", self._type_reason(slot.path, value))
         if value.dtype != slot.dtype:
-            return self._fallback(args, f"dtype {slot.path}", (
+            return self.fallback(args, f"dtype {slot.path}", (
                 f"argument {slot.path} has dtype {value.dtype} (expected {slot.dtype})"))
         shape = tuple(value.shape)
         expected = slot.shapes[n]
         assert expected is not None
         if len(shape) == len(expected) and shape[slot.dim] != n:
-            return self._fallback(args, "sizes", (
+            return self.fallback(args, "sizes", (
                 f"the dynamic arguments disagree in size (got {self._probe.path} with {n} rows "
                 f"and {slot.path} with {shape[slot.dim]})"))
-        return self._fallback(args, f"shape {slot.path}", (
+        return self.fallback(args, f"shape {slot.path}", (
             f"argument {slot.path} has shape {shape} (expected {expected[:slot.dim]} + "
             f"(any size,) + {expected[slot.dim + 1:]}: only dimension {slot.dim} may vary)"))
 
@@ -408,7 +408,14 @@ class Bucketed:
         return (f"argument {path} is not a {self._ops.array_type.__name__} (got "
                 f"{self._ops.describe(value)})")
 
-    def _fallback(self, args: tuple, key: str, message: str) -> Any:
+    def fallback(self, args: tuple, key: str, message: str) -> Any:
+        """Serve a call no bucket serves: the one fallback path of the family.
+
+        With ``strict`` it raises :class:`ReplayError` with ``message``; otherwise it counts
+        the call under the first word of ``key`` (``stats().fallbacks``), warns once per
+        ``key`` and runs the eager function on ``args``. A front end that refuses a call for
+        a reason of its own (the torch adapter: a changed ``training`` flag) calls this.
+        """
         kind = key.split(" ", 1)[0]
         if self._strict:
             raise ReplayError(f"{message}; pass arguments the buckets serve, or add a bucket "

@@ -21,6 +21,16 @@ __all__ = ["CUPY", "CupyFramework"]
 _ndarray = cupy.ndarray
 _copyto = cupy.copyto
 _current_stream = cupy.cuda.get_current_stream
+#: Unsigned integers of each element size: copy_changed compares elements bit for bit.
+_BITS = {1: cupy.uint8, 2: cupy.uint16, 4: cupy.uint32, 8: cupy.uint64}
+_changed: list[Any] = []  # the kernel, compiled on first use
+
+
+def _write_changed() -> Any:
+    if not _changed:
+        _changed.append(cupy.ElementwiseKernel("T src", "T dst", "if (dst != src) dst = src;",
+                                               "cugraphrt_copy_changed"))
+    return _changed[0]
 
 
 class CupyFramework(CupyViews):
@@ -53,6 +63,17 @@ class CupyFramework(CupyViews):
             dst.data.copy_from_device_async(src.data, src.nbytes)  # one memcpy, no kernel
         else:
             _copyto(dst, src)
+
+    @staticmethod
+    def copy_changed(dst: cupy.ndarray, src: cupy.ndarray) -> None:
+        """Write into ``dst`` the elements of ``src`` that differ from it, bit for bit, and no
+        other: what an ``inputs="rebind"`` graph copied in and wrote goes back to the
+        caller's array, and an input it only read costs a read (docs/rebinding.md)."""
+        bits = _BITS.get(dst.dtype.itemsize)
+        if bits is None or dst.dtype != src.dtype:
+            _copyto(dst, src)  # complex128 and the like: a whole copy writes equal values
+            return
+        _write_changed()(src.view(bits), dst.view(bits))
 
     @staticmethod
     def fill(rows: cupy.ndarray, value: float) -> None:

@@ -53,7 +53,9 @@ class Framework(Protocol):
     # Optional, for ``inputs="rebind"`` (docs/rebinding.md): ``strides(array)`` (anything
     # comparable; on the call path, best C-level) and ``extent(array) -> (lo, hi)``, the
     # device bytes the array covers (cugraphrt.adapter.byte_extent computes it). Without
-    # them, rebinding falls back to copying.
+    # them, rebinding falls back to copying. ``copy_changed(dst, src)``: write into ``dst``
+    # only the elements of ``src`` that differ (an input the graph only read then costs no
+    # write when it goes back to the caller); without it, ``copy``.
     #
     # Optional, for shape buckets (docs/shapes.md, "Sizing memory for serving"):
     # ``unowned(array, keep)``, an alias of ``array``'s memory that does not own it and keeps

@@ -13,7 +13,12 @@ from cugraphrt._callables.buckets import Bucketed
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
 from cugraphrt._callables.checked_views import FIX
 from cugraphrt._callables.cupy_framework import CUPY
-from cugraphrt._callables.rebind import check_inputs_mode, plan_for, rebind_step
+from cugraphrt._callables.rebind import (
+    check_inputs_mode,
+    plan_for,
+    rebind_step,
+    with_write_back,
+)
 from cugraphrt._capture import graphs as _graphs
 from cugraphrt._capture.graph_context import graph
 from cugraphrt._capture.graphs import Graph
@@ -104,7 +109,9 @@ def make_graphed(
     strict : bool, default False
         Raise :class:`ReplayError` for a call no bucket serves (size above the largest
         bucket, another dtype or non-dynamic shape) instead of running ``fn`` eagerly with
-        a warning naming the reason (once per reason).
+        a warning naming the reason (once per reason). With ``inputs="rebind"``: raise
+        :class:`CaptureError` when the rebinding plan cannot patch every input, instead of
+        copying them in (and back out where the graph writes them).
 
     Returns
     -------
@@ -121,6 +128,8 @@ def make_graphed(
                                copy_outputs=copy_outputs, check_outputs=check_outputs)
     checked = bool(options.check_outputs) and not options.copy_outputs
     check_inputs_mode(inputs)
+    if not isinstance(strict, bool):
+        raise OptionsError("strict", strict, "allowed values are True and False")
     label = f"make_graphed({getattr(fn, '__name__', type(fn).__name__)})"
     if not callable(fn):
         raise OptionsError("fn", fn, "a callable")
@@ -128,8 +137,6 @@ def make_graphed(
         sample_args = (sample_args,)
     sample_args = tuple(sample_args)
     if buckets is not None:
-        if not isinstance(strict, bool):
-            raise OptionsError("strict", strict, "allowed values are True and False")
         if pool is not None and not isinstance(pool, MemPool):
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
         return BucketedFunction(fn, sample_args, options.num_warmup_iters, pool=pool,
@@ -150,7 +157,8 @@ def make_graphed(
     seq = order.next_seq()  # before any other capture into the pool
     check = OutputCheck(label, FIX, order, CUPY) if checked else None
     return GraphedFunction(cuda_graph, fn, sample_args, outputs, options.copy_outputs,
-                           order=order, seq=seq, check=check, inputs=inputs, label=label)
+                           order=order, seq=seq, check=check, inputs=inputs, label=label,
+                           strict=strict)
 
 
 def _check_devices(sample_args: tuple) -> None:
@@ -196,7 +204,7 @@ class GraphedFunction:
     def __init__(self, cuda_graph: Graph, fn: Callable, sample_args: tuple, outputs: Any,
                  copy_outputs: bool, *, order: OverwriteOrder | None = None, seq: int = 0,
                  check: OutputCheck | None = None, inputs: str = "copy",
-                 label: str = "") -> None:
+                 label: str = "", strict: bool = False) -> None:
         self.graph = cuda_graph
         self.__wrapped__ = fn
         self.static_inputs = sample_args
@@ -207,10 +215,11 @@ class GraphedFunction:
         self.rebinding = None if check_inputs_mode(inputs) == "copy" else plan_for(
             CUPY, leaves, paths, cuda_graph, _tree.flatten(outputs, "output")[0])
         load = (CopyIn(CUPY, leaves, paths) if self.rebinding is None
-                else rebind_step(CUPY, leaves, paths, cuda_graph, self.rebinding, label))
+                else rebind_step(CUPY, leaves, paths, cuda_graph, self.rebinding, label,
+                                 strict=strict))
         self._path = CallPath(load,
                               order if order is not None else OverwriteOrder(), seq,
-                              cuda_graph.replay,
+                              with_write_back(CUPY, load, cuda_graph.replay),
                               HandOut(outputs, CUPY, copy=copy_outputs, check=check, seq=seq))
         self._device = cuda_graph._device
 

@@ -16,6 +16,18 @@ could change the result: its strides differ from the capture's, or it lies in th
 the graph's pool (an output of this or another graph of the pool, which the replay may
 overwrite before it has read it: ``x = f(x)``).
 
+Wherever an input is copied in (the plan is incomplete, or that one input is: see above),
+``inputs="rebind"`` keeps its meaning: after the replay, each copied input the graph writes
+goes back to the caller's array (:class:`WriteBack`), so an in-place update lands there as
+it does when the input is rebound; except an argument in the graph's pool (an earlier
+output, ``x = f(x)``), whose memory the replay itself may write, as it writes its outputs.
+Which inputs the graph writes is decided once, at capture:
+those the plan finds in a kernel's parameters or as a copy's or a set's destination
+(``RebindPlan.written``), narrowed by the framework where it knows better (torch: the
+inputs whose version counter the capture moved). A framework's ``copy_changed(dst, src)``,
+where it has one (CuPy's), writes only the elements that differ, so an input a kernel only
+read costs a read, not a write. With ``strict=True`` an incomplete plan raises instead.
+
 What keeps what alive: the step holds the arrays of its latest call until the next call,
 because the executable points at them; a direct ``Graph.replay()`` afterwards reads those.
 If the plan is incomplete, :func:`load_step` returns the copying step and warns once, naming
@@ -35,10 +47,11 @@ import numpy
 from cugraphrt._callables.call_path import CopyIn, Mismatch
 from cugraphrt._callables.rebind_plan import RebindPlan, build_plan
 from cugraphrt._cuda.conditional import driver_api
-from cugraphrt.errors import OptionsError
+from cugraphrt.errors import CaptureError, OptionsError
 
-__all__ = ["INPUT_MODES", "RebindIn", "load_step", "check_inputs_mode", "plan_for",
-           "rebind_step", "min_bytes", "MIN_BYTES_ENV"]
+__all__ = ["INPUT_MODES", "RebindIn", "CopyBack", "WriteBack", "load_step",
+           "check_inputs_mode", "plan_for", "rebind_step", "with_write_back", "outside_pool",
+           "min_bytes", "MIN_BYTES_ENV"]
 
 INPUT_MODES = ("copy", "rebind")
 _array = numpy.array
@@ -75,7 +88,7 @@ class RebindIn:
     __slots__ = ("plan", "_arrays", "_constants", "_signature", "_strides", "_address",
                  "_copy", "_statics_at", "_bound", "_exec", "_exec_obj", "_held", "_graph",
                  "_pool", "_spans", "_words", "_site_word", "_site_input", "_site_delta",
-                 "_setters", "_make_exec", "_few", "_view")
+                 "_setters", "_make_exec", "_few", "_view", "copied", "writes")
 
     def __init__(self, framework: Any, leaves: Sequence[Any], paths: Sequence[str],
                  plan: RebindPlan, cuda_graph: Any) -> None:
@@ -84,16 +97,21 @@ class RebindIn:
         arrays = [(i, leaf, path) for i, (leaf, path) in enumerate(zip(leaves, paths,
                                                                          strict=True))
                   if isinstance(leaf, array_type)]
-        # layout None: the input has no site, so it is always copied (see __call__).
+        # layout None: the input has no site, so it is always copied (see __call__); written:
+        # a copy of it goes back after the replay (module docstring).
         self._arrays = tuple((i, leaf, signature(leaf),
-                              strides(leaf) if plan.sites_per_input[k] else None, path)
+                              strides(leaf) if plan.sites_per_input[k] else None, path,
+                              plan.written[k])
                              for k, (i, leaf, path) in enumerate(arrays))
         self._constants = tuple((i, leaf, path) for i, (leaf, path)
                                 in enumerate(zip(leaves, paths, strict=True))
                                 if not isinstance(leaf, array_type))
         self._signature, self._strides, self._address = signature, strides, address
         self._copy = framework.copy
-        self._statics_at = [address(static) for _, static, _, _, _ in self._arrays]
+        self._statics_at = [address(static) for _, static, _, _, _, _ in self._arrays]
+        #: (static input, caller's array) of this call's copies the graph writes.
+        self.copied: list[tuple[Any, Any]] = []
+        self.writes = any(entry[5] for entry in self._arrays)
         self.plan = plan
         self._words, self._setters = plan.words, tuple(plan.setters)
         self._site_word, self._site_input = plan.site_word, plan.site_input
@@ -117,7 +135,10 @@ class RebindIn:
     def __call__(self, leaves: Sequence[Any]) -> None:
         signature, strides, address = self._signature, self._strides, self._address
         addresses = []
-        for index, static, expected, layout, path in self._arrays:
+        copied = self.copied
+        if copied:
+            copied.clear()
+        for index, static, expected, layout, path, written in self._arrays:
             value = leaves[index]
             try:
                 if signature(value) != expected:
@@ -128,6 +149,8 @@ class RebindIn:
                 if layout is None or strides(value) != layout:
                     if value is not static:
                         self._copy(static, value)
+                        if written and outside_pool(self._pool, at):
+                            copied.append((static, value))
                     at = address(static)
             except (AttributeError, TypeError):  # not an array of the framework
                 raise Mismatch(index, path, static, value) from None
@@ -173,7 +196,7 @@ class RebindIn:
                 if i >= 0 and at < ends[i]:
                     index, static = self._arrays[k][0], self._arrays[k][1]
                     if leaves[index] is not static:
-                        self._copy(static, leaves[index])
+                        self._copy(static, leaves[index])  # never copied back (below)
                     addresses[k] = self._statics_at[k]
 
 
@@ -181,53 +204,150 @@ def _extents(framework: Any, arrays: Sequence[Any]) -> list[tuple[int, int, int]
     return [(framework.address(a), *framework.extent(a)) for a in arrays]
 
 
+class CopyBack:
+    """The ``load`` step of ``inputs="rebind"`` when the plan is incomplete: every array is
+    copied in (:class:`CopyIn`), and those the graph writes are listed in ``copied`` for
+    :class:`WriteBack` to copy back after the replay."""
+
+    __slots__ = ("_copy_in", "_written", "_address", "_pool", "copied", "writes")
+
+    def __init__(self, framework: Any, leaves: Sequence[Any], paths: Sequence[str],
+                 written: Sequence[bool], cuda_graph: Any) -> None:
+        self._copy_in = CopyIn(framework, leaves, paths)
+        address = self._address = framework.address
+        arrays = [(i, leaf) for i, leaf in enumerate(leaves)
+                  if isinstance(leaf, framework.array_type)]
+        self._written = tuple((i, leaf, address(leaf))
+                              for (i, leaf), w in zip(arrays, written, strict=True) if w)
+        self.copied: list[tuple[Any, Any]] = []
+        self.writes = bool(self._written)
+        self._pool = cuda_graph.pool()
+
+    def __call__(self, leaves: Sequence[Any]) -> None:
+        self._copy_in(leaves)
+        copied = self.copied
+        copied.clear()
+        address = self._address
+        for index, static, at in self._written:
+            value = leaves[index]
+            if value is not static and (where := address(value)) != at \
+                    and outside_pool(self._pool, where):
+                copied.append((static, value))
+
+
+def outside_pool(pool: Any, address: int) -> bool:
+    """Whether ``address`` lies outside every segment of ``pool``: an argument inside one is
+    an earlier output, which the replay may write itself (never copied back to)."""
+    starts, ends, low, high = pool._spans()
+    if not low <= address < high:
+        return True
+    i = bisect_right(starts, address) - 1
+    return not (i >= 0 and address < ends[i])
+
+
+class WriteBack:
+    """A replay, then each written input the load step copied in goes back to the caller's
+    array (``load.copied``), on the stream the replay ran on, ordered after it."""
+
+    __slots__ = ("_replay", "_load", "_write")
+
+    def __init__(self, replay: Any, load: Any, write: Any) -> None:
+        self._replay = replay
+        self._load = load
+        self._write = write
+
+    def __call__(self) -> None:
+        self._replay()
+        write = self._write
+        for static, value in self._load.copied:
+            write(value, static)
+
+
+def with_write_back(framework: Any, load: Any, replay: Any) -> Any:
+    """``replay``, or a :class:`WriteBack` around it when ``load`` may copy written inputs in
+    (a rebinding step whose plan lists any: ``load.writes``)."""
+    if not getattr(load, "writes", False):
+        return replay
+    return WriteBack(replay, load, getattr(framework, "copy_changed", framework.copy))
+
+
 def load_step(framework: Any, leaves: Sequence[Any], paths: Sequence[str], cuda_graph: Any,
-              inputs: str, outputs: Sequence[Any] = (), *, label: str = "") -> Any:
+              inputs: str, outputs: Sequence[Any] = (), *, label: str = "",
+              written: Sequence[bool] | None = None, strict: bool = False) -> Any:
     """The ``load`` step of a graphed callable: :class:`CopyIn`, or for ``inputs="rebind"``
-    and a complete plan, :class:`RebindIn`. An incomplete plan warns once, naming why.
+    :class:`RebindIn` (a complete plan) or :class:`CopyBack` (an incomplete one, after a
+    warning naming why; ``strict`` raises instead).
 
     ``outputs`` are the static outputs' leaves (arrays among them are checked not to lie
     inside an input); ``cuda_graph`` must keep its graph definition (``keep_graph=True``,
-    or an adapter's adopted graph).
+    or an adapter's adopted graph); ``written`` narrows the inputs the graph writes
+    (:func:`plan_for`). Build the call path's replay with :func:`with_write_back`.
     """
     if check_inputs_mode(inputs) == "copy":
         return CopyIn(framework, leaves, paths)
-    plan = plan_for(framework, leaves, paths, cuda_graph, outputs)
-    step = rebind_step(framework, leaves, paths, cuda_graph, plan, label)
-    return step
+    plan = plan_for(framework, leaves, paths, cuda_graph, outputs, written=written)
+    return rebind_step(framework, leaves, paths, cuda_graph, plan, label, strict=strict)
 
 
 def rebind_step(framework: Any, leaves: Sequence[Any], paths: Sequence[str], cuda_graph: Any,
-                plan: RebindPlan, label: str = "") -> Any:
-    """:class:`RebindIn` for a complete ``plan``; otherwise :class:`CopyIn`, after warning
-    once why (the plan's ``explain``)."""
+                plan: RebindPlan, label: str = "", *, strict: bool = False) -> Any:
+    """:class:`RebindIn` for a complete ``plan``; otherwise :class:`CopyBack`, after warning
+    once why (the plan's ``explain``).
+
+    Raises
+    ------
+    CaptureError
+        With ``strict``, when the plan is incomplete.
+    """
     if not plan.complete:
-        warnings.warn(f"{label or 'graphed callable'}: inputs='rebind' falls back to copying "
-                      f"({plan.explain([])}); see docs/rebinding.md", UserWarning,
-                      stacklevel=4)
-        return CopyIn(framework, leaves, paths)
+        name = label or "graphed callable"
+        if strict:
+            raise CaptureError(f"{name}: inputs='rebind' cannot rebind every input "
+                               f"({plan.explain([])}); graph it with inputs='copy', or with "
+                               f"strict=False to copy the inputs in and the ones it writes "
+                               f"back out (docs/rebinding.md)")
+        warnings.warn(f"{name}: inputs='rebind' falls back to copying ({plan.explain([])}); "
+                      f"the inputs the graph writes are copied back to yours after each "
+                      f"replay; see docs/rebinding.md", UserWarning, stacklevel=4)
+        return CopyBack(framework, leaves, paths, plan.written, cuda_graph)
     return RebindIn(framework, leaves, paths, plan, cuda_graph)
 
 
 def plan_for(framework: Any, leaves: Sequence[Any], paths: Sequence[str], cuda_graph: Any,
-             outputs: Sequence[Any] = ()) -> RebindPlan:
-    """The rebinding plan of ``cuda_graph`` for the array leaves among ``leaves``."""
+             outputs: Sequence[Any] = (), *, written: Sequence[bool] | None = None
+             ) -> RebindPlan:
+    """The rebinding plan of ``cuda_graph`` for the array leaves among ``leaves``.
+
+    ``written``, one per array leaf, narrows ``plan.written`` (what the nodes say the graph
+    may write) to what the framework saw it write during the capture (torch: version
+    counters); None keeps the nodes' answer.
+    """
     array_type = framework.array_type
     arrays = [(leaf, path) for leaf, path in zip(leaves, paths, strict=True)
               if isinstance(leaf, array_type)]
     if not hasattr(framework, "extent") or not hasattr(framework, "strides"):
-        plan = RebindPlan(len(arrays))
-        plan.reasons.append(f"the {framework.name} framework gives no extent() and strides()")
-        return plan
-    handle = cuda_graph._handles.graph
-    if not handle:
-        plan = RebindPlan(len(arrays))
-        plan.reasons.append("the graph definition was not kept (Graph(keep_graph=True))")
-        return plan
-    out = [(*framework.extent(o), f"output {i}") for i, o in enumerate(outputs)
-           if isinstance(o, array_type)]
-    return build_plan(handle, _extents(framework, [a for a, _ in arrays]),
-                      [p for _, p in arrays], out, min_bytes=min_bytes())
+        plan = _unread(len(arrays), f"the {framework.name} framework gives no extent() and "
+                                    f"strides()")
+    elif not cuda_graph._handles.graph:
+        plan = _unread(len(arrays), "the graph definition was not kept "
+                                    "(Graph(keep_graph=True))")
+    else:
+        out = [(*framework.extent(o), f"output {i}") for i, o in enumerate(outputs)
+               if isinstance(o, array_type)]
+        plan = build_plan(cuda_graph._handles.graph,
+                          _extents(framework, [a for a, _ in arrays]),
+                          [p for _, p in arrays], out, min_bytes=min_bytes())
+    if written is not None:
+        plan.written = [a and b for a, b in zip(plan.written, written, strict=True)]
+    return plan
+
+
+def _unread(count: int, reason: str) -> RebindPlan:
+    """The plan of a graph whose nodes were not read: incomplete, every input maybe written."""
+    plan = RebindPlan(count)
+    plan.reasons.append(reason)
+    plan.written = [True] * count
+    return plan
 
 
 def min_bytes() -> int:

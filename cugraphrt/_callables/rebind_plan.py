@@ -83,6 +83,12 @@ class RebindPlan:
         Per site: its index in ``words``, the input it belongs to, its offset from the
         input's address.
     sites_per_input : list of int
+    written : list of bool
+        Per input, whether the graph may write it: its address (or one just past it) is in a
+        kernel's parameters or is a copy's or a set's destination, or the graph holds what
+        the plan cannot read (a body, an unreadable kernel). A copy read from it alone does
+        not write it. Where an input is copied in, the inputs written are copied back after
+        the replay (``inputs="rebind"`` keeps its meaning: docs/rebinding.md).
     """
 
     def __init__(self, count: int) -> None:
@@ -94,6 +100,7 @@ class RebindPlan:
         self.site_delta = numpy.zeros(0, dtype=numpy.int64)
         self.sites_per_input = [0] * count
         self.small = [False] * count  # under the size below which inputs are copied
+        self.written = [False] * count
 
     @property
     def complete(self) -> bool:
@@ -221,7 +228,7 @@ def build_plan(graph: Any, extents: Sequence[Extent], names: Sequence[str],
     found: list[tuple[Any, str, Any, Any, tuple[str, ...], list[tuple[int, int, int]]]] = []
     for node in _nodes.nodes(graph_obj):
         kind = _nodes.kind(node)
-        entry = _node_sites(node, kind, finder, names, plan.reasons)
+        entry = _node_sites(node, kind, finder, names, plan.reasons, plan.written)
         if entry is not None:
             found.append((node, kind, *entry))
     if plan.reasons:
@@ -231,18 +238,25 @@ def build_plan(graph: Any, extents: Sequence[Extent], names: Sequence[str],
     return plan
 
 
+def _all(written: list[bool]) -> None:
+    written[:] = [True] * len(written)
+
+
 def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
-                reasons: list[str]):
+                reasons: list[str], written: list[bool]):
     """(params, layout, fields, sites) of a node holding input addresses, or None; sites are
-    (byte position in the setter's words, input, delta). Appends to ``reasons``."""
+    (byte position in the setter's words, input, delta). Appends to ``reasons`` and marks
+    the inputs the node may write in ``written`` (see :class:`RebindPlan`)."""
     if kind == "KERNEL":
         layout = _params.kernel_params(node)
         if layout.why_not:
             reasons.append(f"a kernel's parameters cannot be read ({layout.why_not})")
+            _all(written)
             return None
         sites = []
         for offset, raw in zip(layout.offsets, layout.raw, strict=True):
             for pos, k, end in finder.hits(raw):
+                written[k] = True  # a kernel's pointer may be read or written
                 where = offset + pos
                 if end:
                     reasons.append(f"a kernel parameter holds the address just past input "
@@ -257,6 +271,9 @@ def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
     if kind in ("MEMCPY", "MEMSET"):
         params = _params.copy_params(node) if kind == "MEMCPY" else _params.set_params(node)
         if kind == "MEMCPY":
+            if int(params.dstMemoryType) in _DEVICE_TYPES:
+                for _, k, _ in finder.hits(int(params.dstDevice).to_bytes(8, "little")):
+                    written[k] = True
             if int(params.srcMemoryType) == _HOST_TYPE:
                 reasons.append("the graph copies from host memory (what it copies may hold "
                                "addresses)")
@@ -267,6 +284,8 @@ def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
             flat = int(params.Height) <= 1 and int(params.Depth) <= 1
         else:
             candidates, flat = ["dst"], int(params.height) <= 1
+            for _, k, _ in finder.hits(int(params.dst).to_bytes(8, "little")):
+                written[k] = True
         fields: list[str] = []
         sites = []
         for field in candidates:
@@ -282,6 +301,7 @@ def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
     if kind in ("GRAPH", "CONDITIONAL"):
         inner = _children(node, kind)
         if inner is None or any(_referenced(g, finder) for g in inner):
+            _all(written)  # which input a body writes is not read
             place = "a child graph" if kind == "GRAPH" else "a loop or branch body"
             reasons.append(f"an input's address is used inside {place}, which cannot be "
                            f"patched" if inner is not None else
@@ -289,6 +309,7 @@ def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
         return None
     if kind == "BATCH_MEM_OP":
         reasons.append("the graph holds batched memory operations, which are not patched")
+        _all(written)
     return None
 
 

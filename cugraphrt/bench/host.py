@@ -41,7 +41,7 @@ def collect_versions() -> dict[str, str]:
         versions["cuda_driver"] = _cuda_version(runtime.driverGetVersion())
     except Exception:  # noqa: BLE001 - versions are informative only
         pass
-    for name in ("torch", "triton", "cugraphrt_torch"):
+    for name in ("torch", "triton", "transformers", "torchvision", "cugraphrt_torch"):
         module = sys.modules.get(name)
         if module is not None:
             versions[name] = str(getattr(module, "__version__", "unknown"))

@@ -208,6 +208,16 @@ class Workload:
     targets : tuple of Target
     run : callable
         ``run(ctx)``: measures and emits rows.
+    own : tuple of str
+        The systems cugraphrt builds (its graphs, its pools, bounds read from them). A
+        target's reference is never one of them: a ratio of cugraphrt to itself is printed
+        as information, without a verdict (docs/performance.md, "Targets").
+
+    Raises
+    ------
+    ValueError
+        For a target whose reference is one of ``own``, or that names a system the workload
+        does not have.
     """
 
     name: str
@@ -216,6 +226,19 @@ class Workload:
     reference: str
     targets: tuple[Target, ...]
     run: Callable[[Context], None]
+    own: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for target in self.targets:
+            unknown = {target.system, target.reference} - set(self.systems)
+            if unknown:
+                raise ValueError(f"{self.name}: a target names systems it does not have "
+                                 f"(got {sorted(unknown)})")
+            if target.reference in self.own:
+                raise ValueError(f"{self.name}: the target {target.system} / "
+                                 f"{target.reference} compares cugraphrt with itself (got "
+                                 f"reference {target.reference!r}, one of own={self.own}); "
+                                 f"reference a system cugraphrt does not build")
 
 
 @dataclass

@@ -132,14 +132,16 @@ DDP = Workload(
     "ddp", f"data-parallel training step, one rank per GPU (at least {WORLD}; torchrun, "
     "NCCL): MLP 8x256, batch 32 per rank, Adam; eager DDP vs the whole step (DDP's "
     "all-reduce included) as one cugraphrt graph per rank", DDP_SYSTEMS, "ddp_eager",
-    (Target("cugraphrt_step", "ddp_eager", 1 / 1.5, metric="step"),), _run_ddp)
+    (Target("cugraphrt_step", "ddp_eager", 1 / 1.5, metric="step"),), _run_ddp,
+    own=("cugraphrt_step",))
 
 TP_DECODE = Workload(
     "tp_decode", "decode step of a tensor-parallel Llama-style decoder, one way per GPU "
     "(4 layers, hidden 512, bf16, 2 all-reduces per layer, KV cache): eager vs torch's CUDA "
     "graph vs cugraphrt (and with the hang watchdog on)", TP_SYSTEMS, "torch_graph",
     (Target("cugraphrt", "torch_graph", 1.05, metric="decode step"),
-     Target("cugraphrt", "eager", 1 / 3, metric="decode step")), _run_tp)
+     Target("cugraphrt", "eager", 1 / 3, metric="decode step")), _run_tp,
+    own=("cugraphrt", "cugraphrt_watched"))
 
 DIST_CG = Workload(
     "dist_cg", f"conjugate gradient to relative residual {CG_TOL:g} on every GPU (at least "
@@ -147,4 +149,5 @@ DIST_CG = Workload(
     f"all-gather per iteration; eager with a host check every iteration vs a graph of one "
     f"iteration replayed by that loop vs the whole solve in one launch (cugraphrt.while_loop, "
     f"collectives inside the body)", CG_SYSTEMS, "eager_check_1",
-    (Target("while_loop", "eager_check_1", 0.33, metric="solve"),), _run_cg)
+    (Target("while_loop", "eager_check_1", 0.33, metric="solve"),), _run_cg,
+    own=("replay_check_1", "while_loop"))

@@ -281,11 +281,11 @@ REAL_RESNET50 = Workload(
     SYSTEMS, "torch_graph",
     (Target("cugraphrt_torch", "torch_graph", 1.05, metric=RESNET_METRIC),
      Target("cugraphrt_torch", "torch_graph", CAPTURE_TARGET, metric=CAPTURE)),
-    run_resnet50)
+    run_resnet50, own=("cugraphrt_torch", "gpu_floor"))
 REAL_LLAMA = Workload(
     "real_llama", f"LlamaForCausalLM from a config (12 layers, hidden 1024, bf16, StaticCache): "
     f"greedy decode step, cugraphrt_torch.graph; tokens checked over {DECODE_STEPS} steps",
     SYSTEMS, "torch_graph",
     (Target("cugraphrt_torch", "torch_graph", 1.05, metric=LLAMA_METRIC),
      Target("cugraphrt_torch", "torch_graph", CAPTURE_TARGET, metric=CAPTURE)),
-    run_llama)
+    run_llama, own=("cugraphrt_torch", "gpu_floor"))

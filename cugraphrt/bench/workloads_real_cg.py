@@ -110,4 +110,4 @@ def _capture_time(sample) -> float:
 REAL_CG = Workload(
     "real_cg", f"CuPy conjugate gradients, {ITERATIONS} iterations of a {GRID}x{GRID} Poisson "
     f"problem (~650 kernels), eager vs one graph: wall time per solve (no target: what "
-    f"graphing saves)", SYSTEMS, "cupy_eager", (), run_cg)
+    f"graphing saves)", SYSTEMS, "cupy_eager", (), run_cg, own=("cugraphrt", "gpu_floor"))

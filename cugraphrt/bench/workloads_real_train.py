@@ -174,4 +174,4 @@ REAL_RESNET18 = Workload(
     SYSTEMS, "torch_graphed",
     (Target("cugraphrt_torch", "torch_graphed", 1.05, metric=STEP_METRIC),
      Target("cugraphrt_torch", "torch_graphed", CAPTURE_TARGET, metric=CAPTURE)),
-    run_resnet18)
+    run_resnet18, own=("cugraphrt_torch", "gpu_floor"))

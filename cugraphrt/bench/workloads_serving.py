@@ -44,6 +44,7 @@ import numpy as np
 
 import cugraphrt
 
+from .family_memory import device_rows
 from .spec import (
     Context,
     RowBuilder,
@@ -57,14 +58,13 @@ from .spec import (
 )
 from .timing import gpu_batch, single
 from .torch_common import (
-    HandGraph,
     adapter_function,
     capture_batch,
     convnet,
     release_torch,
     torch_module,
-    weak_ref,
 )
+from .vllm_style import VllmGraphs
 from .workloads_cupy import MLP_LAYERS, MLP_WIDTH, mlp_forward, mlp_params, random_array
 from .workloads_torch import INFER_TOL
 
@@ -127,11 +127,13 @@ class _Rows:
                                  "bucketed")
         self.memory = RowBuilder(f"{name} pool reserved", "MiB", ("largest_alone", "bucketed"),
                                  "largest_alone", "bucketed")
-        self.device = RowBuilder(f"{name} device", "MiB", ("torch_buckets", "bucketed"),
+        self.device = RowBuilder(f"{name} device, build", "MiB", ("torch_buckets", "bucketed"),
                                  "torch_buckets", "bucketed")
+        self.emptied = RowBuilder(f"{name} device, emptied", "MiB",
+                                  ("torch_buckets", "bucketed"), "torch_buckets", "bucketed")
 
     def all(self) -> tuple[RowBuilder, ...]:
-        return self.per_call, self.oracle, self.memory, self.device
+        return self.per_call, self.oracle, self.memory, self.device, self.emptied
 
 
 # -- the systems ---------------------------------------------------------------------------
@@ -173,8 +175,9 @@ def _oracle(served: _Served) -> Callable[[Any], Any]:
 class HandBuckets:
     """Bucketed torch graphs the way vLLM builds them, by hand.
 
-    A ``torch.cuda.graph`` per bucket, largest first, all in one
-    ``torch.cuda.graph_pool_handle()``, each bucket's static input a view of the first rows
+    A ``torch.cuda.graph`` per bucket (:class:`~cugraphrt.bench.vllm_style.VllmGraphs`: one
+    warm-up and the capture on one stream, largest first, one
+    ``torch.cuda.graph_pool_handle()``), each bucket's static input a view of the first rows
     of one buffer sized for the largest bucket; a call of size n copies its input into the
     first n rows of the smallest bucket >= n, zeroes the rest, replays, and returns the
     first n rows of the output.
@@ -191,26 +194,20 @@ class HandBuckets:
     """
 
     def __init__(self, torch, model, sample, buckets: tuple[int, ...]) -> None:
-        pool = torch.cuda.graph_pool_handle()
         self.buffer = sample.new_zeros((max(buckets), *sample.shape[1:]))
-        self.graphs = {}
-        for size in sorted(buckets, reverse=True):
-            hand = HandGraph(torch, model, self.buffer[:size], pool=pool, copy_inputs=False)
-            # As vLLM keeps them: the next capture may reuse the outputs' memory.
-            hand.static_out = weak_ref(torch, hand.static_out)
-            self.graphs[size] = hand
-        self.route = {n: self.graphs[min(b for b in buckets if b >= n)]
-                      for n in range(1, max(buckets) + 1)}
+        self.graphs = VllmGraphs(torch, model, lambda size: (self.buffer[:size],),
+                                 buckets).graphs
+        self.route = {n: min(b for b in buckets if b >= n) for n in range(1, max(buckets) + 1)}
 
     def __call__(self, x):
         n = x.shape[0]
-        hand = self.route[n]
-        static = hand.static_inputs[0]
-        static[:n].copy_(x)
-        if n < static.shape[0]:
-            static[n:].zero_()  # the pad rows, as buckets' default pad=0
-        hand.graph.replay()
-        return hand.static_out[:n]
+        size = self.route[n]
+        self.buffer[:n].copy_(x)
+        if n < size:
+            self.buffer[n:size].zero_()  # the pad rows, as buckets' default pad=0
+        graph, out = self.graphs[size]
+        graph.replay()
+        return out[:n]
 
 
 # -- rows ----------------------------------------------------------------------------------
@@ -234,9 +231,10 @@ def _serve(ctx: Context, served: _Served, rows: _Rows) -> None:
     if served.torch_buckets is not None:
         ctx.step(f"{served.name}: device memory")
         try:
-            _device(served, rows.device)
+            device_rows(rows.device, rows.emptied, "serving")
         finally:
             ctx.emit(rows.device.build())
+            ctx.emit(rows.emptied.build())
 
 
 def _per_call(ctx: Context, served: _Served, row: RowBuilder) -> dict[str, Any]:
@@ -276,50 +274,6 @@ def _memory(served: _Served, bucketed, row: RowBuilder) -> None:
     alone = row.setup("largest_alone", lambda: _reserved_alone(served))
     if alone is not None:
         row.set("largest_alone", single(alone / MIB))
-
-
-def _device(served: _Served, row: RowBuilder) -> None:
-    """The device memory each family holds, by ``cudaMemGetInfo``: one build of each."""
-    builds = {"torch_buckets": served.torch_buckets, "bucketed": lambda: _pow2(served)}
-    for system, build in builds.items():
-        used = row.setup(system, lambda b=build: _device_bytes(served.release, b))
-        if used is not None:
-            row.set(system, single(used / MIB))
-
-
-def _device_bytes(release: Callable[[], None], build: Callable[[], Any] | None) -> int:
-    """What ``cudaMemGetInfo`` sees ``build()``'s result hold: the device memory that comes
-    back when the built family is dropped, every cache emptied before each reading (what a
-    server reclaims before sizing its KV cache).
-
-    ``release`` also drops torch's cached cuBLAS workspaces, so each family's first capture
-    makes its own, in its pool, as in a fresh server process, and it counts: a workspace
-    cached by an earlier build would otherwise be left out of torch's family and counted in
-    cugraphrt's (whose captures make theirs: docs/torch.md), 32 MiB on an H100.
-
-    Read across the drop, not across the build: a build's captures also release what
-    earlier graphs left for a safe point, which a reading before the build would count
-    against it (on an H100 the serving family read -148 MiB that way).
-
-    Raises
-    ------
-    RuntimeError
-        When less memory is free after the drop than before it (something else allocated
-        meanwhile: the reading says nothing about the family).
-    """
-    if build is None:
-        raise SystemUnavailable("no reference family to build")
-    release()
-    built = build()
-    release()
-    free_held = cupy.cuda.runtime.memGetInfo()[0]
-    del built
-    release()
-    used = cupy.cuda.runtime.memGetInfo()[0] - free_held
-    if used < 0:
-        raise RuntimeError(f"device memory fell by {-used} bytes when the family was dropped: "
-                           f"another allocation ran meanwhile, the reading is void")
-    return used
 
 
 def _reserved_alone(served: _Served) -> int:
@@ -416,5 +370,6 @@ SERVING = Workload(
     "device time per call (events around the stream), pool and device MiB, capture ms",
     (*CONVNET_SYSTEMS, "largest_alone"), "today",
     (Target("bucketed", "torch_buckets", 1.05, metric=f"{CONVNET} per call"),
-     Target("bucketed", "torch_buckets", 1.00, metric=f"{CONVNET} device")),
-    run_serving)
+     Target("bucketed", "torch_buckets", 1.00, metric=f"{CONVNET} device, build"),
+     Target("bucketed", "torch_buckets", 1.00, metric=f"{CONVNET} device, emptied")),
+    run_serving, own=("today", "bucketed", "oracle", "largest_alone"))

@@ -413,13 +413,13 @@ TORCH_INFER = Workload(
     INFER_SYSTEMS, "torch_graph",
     (Target("cugraphrt_torch", "torch_graph", 1.05),
      Target("cugraphrt_torch", "torch_compile", 0.90)),
-    run_torch_infer)
+    run_torch_infer, own=("cugraphrt_torch",))
 TORCH_TRAIN = Workload(
     "torch_train", "torch MLP forward + backward; wall time per step", TRAIN_SYSTEMS,
     "torch_graphed", (Target("cugraphrt_torch", "torch_graphed", TRAIN_TARGET),),
-    run_torch_train)
+    run_torch_train, own=("cugraphrt_torch",))
 CAPTURE_TIME = Workload(
     "capture_time", "warm-up + capture + instantiate of the torch_infer / torch_train MLP; "
     "torch = hand-written graph / torch.cuda.make_graphed_callables",
     CAPTURE_SYSTEMS, "torch", (Target("cugraphrt_torch", "torch", CAPTURE_TARGET),),
-    run_capture_time)
+    run_capture_time, own=("cugraphrt_torch",))

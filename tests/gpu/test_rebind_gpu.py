@@ -222,3 +222,86 @@ def test_small_inputs_copy_by_default(randn, monkeypatch):
     monkeypatch.setenv("CUGRAPHRT_REBIND_MIN_BYTES", "lots")
     with pytest.raises(cugraphrt.OptionsError, match="CUGRAPHRT_REBIND_MIN_BYTES"):
         cugraphrt.make_graphed(lambda x: x + 1, (small,), inputs="rebind")
+
+
+# -- inputs="rebind" keeps its meaning where it copies (issue 51) ---------------------------
+
+
+def _bump_and_sum(x):
+    """The issue's program: an in-place update of the input, then a reduction of it."""
+    x += 1.0
+    return x[:1], (x * 3.0).sum(axis=0)  # an output inside the input: the plan copies
+
+
+def test_a_fallback_writes_the_updated_input_back(randn):
+    with pytest.warns(UserWarning, match="falls back to copying.*copied back"):
+        f = cugraphrt.make_graphed(_bump_and_sum, (randn((64, 32)),), inputs="rebind")
+    assert not f.rebinding.complete and f.rebinding.written == [True]
+    for _ in range(3):
+        a = randn((64, 32))
+        mine = a.copy()
+        first, sums = _bump_and_sum(mine)  # eager, on a copy: the reference
+        got_first, got_sums = f(a)
+        cupy.testing.assert_array_equal(a, mine)  # the update landed in the caller's array
+        cupy.testing.assert_allclose(got_sums, sums, rtol=1e-5)
+        cupy.testing.assert_array_equal(got_first, first)
+
+
+def test_strict_raises_where_it_would_fall_back(randn):
+    with pytest.raises(cugraphrt.CaptureError, match="cannot rebind every input.*inside"):
+        cugraphrt.make_graphed(_bump_and_sum, (randn((64, 32)),), inputs="rebind",
+                               strict=True)
+    f = cugraphrt.make_graphed(lambda x: x * 2, (randn((8,)),), inputs="rebind", strict=True)
+    assert f.rebinding.complete  # nothing to fall back from: strict changes nothing
+    with pytest.raises(cugraphrt.OptionsError, match="strict"):
+        cugraphrt.make_graphed(lambda x: x * 2, (randn((8,)),), strict="yes")
+
+
+def test_only_the_inputs_the_graph_writes_go_back(randn):
+    def fn(x, w):
+        flat = cupy.empty(x.size, dtype=x.dtype)
+        flat[:] = x.ravel()  # a memcpy node that only reads x
+        w *= 2.0  # a kernel writing w
+        return x[:1], flat + w.sum()
+
+    x, w = randn((16,)), randn((16,))
+    with pytest.warns(UserWarning, match="falls back to copying"):
+        f = cugraphrt.make_graphed(fn, (x, w), inputs="rebind")
+    assert f.rebinding.written == [False, True]
+    a, b = randn((16,)), randn((16,))
+    a0, b0 = a.copy(), b.copy()
+    _, got = f(a, b)
+    cupy.testing.assert_array_equal(a, a0)
+    cupy.testing.assert_allclose(b, b0 * 2, rtol=0)
+    cupy.testing.assert_allclose(got, a0 + (b0 * 2).sum(), rtol=1e-5)
+
+
+def test_an_input_copied_for_its_strides_is_written_back(randn):
+    def fn(x):
+        x *= 2.0
+        return x.sum()
+
+    f = cugraphrt.make_graphed(fn, (randn((32, 32)),), inputs="rebind")
+    assert f.rebinding.complete
+    t = randn((32, 32)).T  # other strides: copied, then written back
+    t0 = t.copy()
+    cupy.testing.assert_allclose(f(t), (t0 * 2).sum(), rtol=1e-5)
+    cupy.testing.assert_array_equal(t, t0 * 2)
+    z = randn((32, 32))  # the captured strides: rebound, updated where it lies
+    z0 = z.copy()
+    f(z)
+    cupy.testing.assert_array_equal(z, z0 * 2)
+
+
+def test_buckets_write_back_the_rows_of_a_padded_call(randn):
+    def fn(x):
+        x += 1.0
+        return x * 2
+
+    f = cugraphrt.make_graphed(fn, (randn((64, 8)),), buckets=[16, 64], inputs="rebind")
+    f.capture_all()
+    for n in (10, 64, 16, 3):
+        a = randn((n, 8))
+        a0 = a.copy()
+        cupy.testing.assert_allclose(f(a), (a0 + 1) * 2, rtol=1e-6)
+        cupy.testing.assert_allclose(a, a0 + 1, rtol=0)  # padded or rebound: updated in place

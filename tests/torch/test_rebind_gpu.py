@@ -84,3 +84,59 @@ def test_graph_module_rebind_refuses_a_bad_mode():
     lin = nn.Linear(4, 4).cuda()
     with pytest.raises(OptionsError, match="inputs"):
         cugraphrt_torch.graph_module(lin, (torch.randn(2, 4, device="cuda"),), inputs="view")
+
+
+# -- inputs="rebind" keeps its meaning where it copies (issue 51) ---------------------------
+
+
+class _Bump(nn.Module):
+    """Reads x, updates state in place, returns a view of x (an output inside an input: the
+    rebinding plan is incomplete and the call copies)."""
+
+    def forward(self, x, state):
+        state.add_(1.0)
+        return x[1:], x.sum(0) + state
+
+
+def test_graph_module_fallback_writes_back_what_the_forward_wrote():
+    x, state = torch.randn(8, 4, device="cuda"), torch.randn(4, device="cuda")
+    with pytest.warns(UserWarning, match="falls back to copying"):
+        graphed = cugraphrt_torch.graph_module(_Bump(), (x, state), inputs="rebind")
+    plan = graphed.rebinding
+    assert not plan.complete and plan.written == [False, True]  # version counters
+    for _ in range(3):
+        a, s = torch.randn(8, 4, device="cuda"), torch.randn(4, device="cuda")
+        ea, es = a.clone(), s.clone()
+        with torch.no_grad():
+            view, total = _Bump()(ea, es)
+        got_view, got_total = graphed(a, s)
+        torch.testing.assert_close(s, es, rtol=0, atol=0)  # landed in the caller's tensor
+        torch.testing.assert_close(a, ea, rtol=0, atol=0)
+        torch.testing.assert_close(got_total, total, rtol=0, atol=0)
+        torch.testing.assert_close(got_view, view, rtol=0, atol=0)
+
+
+def test_graph_module_strict_raises_where_it_would_fall_back():
+    from cugraphrt.errors import CaptureError
+
+    x, state = torch.randn(8, 4, device="cuda"), torch.randn(4, device="cuda")
+    with pytest.raises(CaptureError, match="cannot rebind every input"):
+        cugraphrt_torch.graph_module(_Bump(), (x, state), inputs="rebind", strict=True)
+
+
+class _Scale(nn.Module):
+    def forward(self, x):
+        x.mul_(2.0)
+        return x.sum(1)
+
+
+@pytest.mark.parametrize("n", [5, 32, 8])
+def test_graph_module_buckets_write_back_a_padded_call(n):
+    graphed = cugraphrt_torch.graph_module(_Scale(), (torch.randn(32, 16, device="cuda"),),
+                                           buckets=[8, 32], inputs="rebind")
+    graphed.capture_all()
+    for _ in range(2):
+        x = torch.randn(n, 16, device="cuda")
+        x0 = x.clone()
+        torch.testing.assert_close(graphed(x), (x0 * 2).sum(1), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x, x0 * 2, rtol=0, atol=0)

@@ -86,6 +86,7 @@ def test_hf_decode_holds_each_backend_to_the_numerics_it_keeps(monkeypatch):
                          "same as torch_compile"}
     eager_steps = {s: c.median for s, c in rows["same as eager"].cells.items()}
     assert eager_steps["cugraphrt_compile"] == 9 and eager_steps["cugraphrt_exact"] == 64
+    assert eager_steps["cugraphrt_rounded"] == 64
     assert rows["same as torch_compile"].cells["cugraphrt_compile"].median == 64
     assert rows["step"].cells["cugraphrt_compile"].repeats == MIN_ROUNDS  # the floor
     report = runner.build_report([(workloads_compile.HF_DECODE, ctx.rows, None)],
@@ -95,4 +96,5 @@ def test_hf_decode_holds_each_backend_to_the_numerics_it_keeps(monkeypatch):
               if t.metric.startswith("same as")}
     assert tokens == {("cugraphrt_compile", "torch_compile"): "PASS",
                       ("cugraphrt_aot_eager", "torch_eager"): "PASS",
-                      ("cugraphrt_exact", "torch_eager"): "PASS"}
+                      ("cugraphrt_exact", "torch_eager"): "PASS",
+                      ("cugraphrt_rounded", "torch_eager"): "PASS"}

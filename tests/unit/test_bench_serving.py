@@ -3,15 +3,16 @@ systems (NumPy functions standing in for graphs), and its torch half without tor
 
 from __future__ import annotations
 
+import subprocess
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 import cugraphrt
-from cugraphrt.bench import runner, workloads_serving
+from cugraphrt.bench import family_memory, runner, workloads_serving
 from cugraphrt.bench.render import render_report
-from cugraphrt.bench.spec import Context, Failed, NotAvailable, SystemUnavailable
+from cugraphrt.bench.spec import Context, Failed, NotAvailable, RowBuilder, SystemUnavailable
 from cugraphrt.bench.timing import MIN_ROUNDS, Summary
 from cugraphrt.bench.workloads_serving import BUCKETS, MAX_BATCH, SERVING, batch_sizes
 
@@ -143,13 +144,15 @@ def test_targets_are_against_the_vllm_style_torch_family_only():
         built.oracle.row.cells.update(cells(oracle=55, bucketed=60))
         built.memory.row.cells.update(cells(largest_alone=10, bucketed=14))
         built.device.row.cells.update(cells(torch_buckets=40, bucketed=44))
+        built.emptied.row.cells.update(cells(torch_buckets=40, bucketed=38))
         rows += [b.build() for b in built.all()]
     report = runner.build_report([(SERVING, rows, None)], [SERVING], created="t", device="d",
                                  versions={}, quick=True, elapsed_s=1.0)
     verdicts = sorted((t.metric, t.reference, t.status) for t in report.targets)
     # One verdict per target: time and device memory of the conv net against vLLM-style
     # torch; nothing judges cugraphrt against cugraphrt (the oracle, the largest bucket).
-    assert verdicts == [("convnet device", "torch_buckets", "MISS"),
+    assert verdicts == [("convnet device, build", "torch_buckets", "MISS"),
+                        ("convnet device, emptied", "torch_buckets", "PASS"),
                         ("convnet per call", "torch_buckets", "PASS")]
     text = render_report(report)
     assert "bucketed / torch_buckets = 0.968x" in text and "(target <= 1.05x)" in text
@@ -170,55 +173,69 @@ def test_convnet_rows_without_torch_are_na(monkeypatch):
     ctx = Context(quick=True)
     workloads_serving.run_convnet(ctx)
     assert [r.metric for r in ctx.rows] == ["convnet per call", "convnet vs oracle",
-                                           "convnet pool reserved", "convnet device",
+                                           "convnet pool reserved", "convnet device, build",
+                                           "convnet device, emptied",
                                            "convnet capture 6 buckets"]
     for row in ctx.rows:
         assert set(row.cells) == set(row.systems)
         assert all(c == NotAvailable("torch not installed") for c in row.cells.values())
 
 
-def test_device_bytes_are_what_comes_back_when_the_family_is_dropped(monkeypatch):
-    # cudaMemGetInfo, faked. Before the build, 100 MiB of an earlier graph wait for a safe
-    # point; the build's captures reach one, and the release after the build returns them
-    # (a reading across the build would count -36 MiB). The family holds 64 MiB, 16 of them
-    # cached and given back by the release after the build.
+def test_device_memory_is_read_across_the_build_then_after_emptying():
+    # cudaMemGetInfo, faked: the family takes 64 MiB, 16 of them cached memory that comes
+    # back when the caches are emptied; it is alive for both readings.
     free = [1000 << 20]
+    cached = [0]
     events: list[str] = []
-    pending = [100 << 20]
 
     class Family:
         def __init__(self) -> None:
             free[0] -= 64 << 20
+            cached[0] = 16 << 20
             events.append("built")
 
         def __del__(self) -> None:
-            free[0] += 48 << 20
             events.append("dropped")
 
-    def release() -> None:
-        events.append("release")
-        if "built" in events and "dropped" not in events:
-            free[0] += pending.pop() if pending else 0
-            free[0] += 16 << 20 if events.count("release") == 2 else 0
+    def empty() -> None:
+        events.append("empty")
+        free[0] += cached[0]
+        cached[0] = 0
 
-    def mem_info():
+    def read() -> int:
         events.append("read")
-        return free[0], 2000 << 20
+        return free[0]
 
-    monkeypatch.setattr(workloads_serving.cupy.cuda.runtime, "memGetInfo", mem_info)
-    assert workloads_serving._device_bytes(release, Family) == 48 << 20
-    assert events == ["release", "built", "release", "read", "dropped", "release", "read"]
-    with pytest.raises(SystemUnavailable, match="no reference family"):
-        workloads_serving._device_bytes(release, None)
+    got = family_memory.readings(Family, empty, read)
+    assert got == {"build": 64 << 20, "emptied": 48 << 20}
+    assert events == ["empty", "read", "built", "read", "empty", "read", "dropped"]
 
 
-def test_a_device_reading_that_fell_across_the_drop_is_void(monkeypatch):
-    free = [1000 << 20]
+def test_each_family_is_measured_in_a_process_of_its_own(monkeypatch):
+    calls = []
 
-    def release() -> None:
-        free[0] -= 1 << 20  # someone else allocates at every release
+    def run(argv, **kwargs):
+        calls.append(argv)
+        out = "a warning\nMEMORY {\"build\": 3145728, \"emptied\": 2097152}\n"
+        return subprocess.CompletedProcess(argv, 0, out, "")
 
-    monkeypatch.setattr(workloads_serving.cupy.cuda.runtime, "memGetInfo",
-                        lambda: (free[0], 2000 << 20))
-    with pytest.raises(RuntimeError, match="the reading is void"):
-        workloads_serving._device_bytes(release, lambda: object())
+    monkeypatch.setattr(family_memory.subprocess, "run", run)
+    assert family_memory.measure("serving", "bucketed") == (3 << 20, 2 << 20)
+    assert calls[0][1:] == ["-m", "cugraphrt.bench.family_child", "serving", "bucketed"]
+    rows = [RowBuilder(name, "MiB", ("torch_buckets", "bucketed"), "torch_buckets",
+                       "bucketed") for name in ("device, build", "device, emptied")]
+    family_memory.device_rows(*rows, "serving")
+    assert rows[0].row.cells["bucketed"] == Summary(3.0, 3.0, 3.0, 1)
+    assert rows[1].row.cells["torch_buckets"] == Summary(2.0, 2.0, 2.0, 1)
+
+
+def test_a_family_whose_process_fails_is_an_error_cell(monkeypatch, capsys):
+    monkeypatch.setattr(family_memory.subprocess, "run", lambda argv, **kwargs: (
+        subprocess.CompletedProcess(argv, 1, "", "Traceback\nRuntimeError: CUDA out of memory")))
+    with pytest.raises(RuntimeError, match="exit status 1"):
+        family_memory.measure("many_shapes", "cugraphrt")
+    rows = [RowBuilder(name, "MiB", ("torch_graphs", "cugraphrt"), "torch_graphs",
+                       "cugraphrt") for name in ("build", "emptied")]
+    family_memory.device_rows(*rows, "many_shapes")
+    assert all(isinstance(row.row.cells["cugraphrt"], Failed) for row in rows)
+    assert "CUDA out of memory" in capsys.readouterr().err

@@ -27,14 +27,23 @@ pytestmark = pytest.mark.skipif(not (CORE / "__init__.py").is_file()
                                 or not (TORCH_ADAPTER / "__init__.py").is_file(),
                                 reason="reads the source tree (absent beside an installed wheel)")
 
-#: The modules an adapter may import from cugraphrt.
+#: The modules an adapter may import from cugraphrt, and so the names it may use: each one's
+#: ``__all__`` (``cugraphrt.adapter.__all__`` is the adapter interface).
 PUBLIC = {"cugraphrt", "cugraphrt.adapter", "cugraphrt.errors", "cugraphrt.options",
           "cugraphrt.distributed", "cugraphrt.random"}
-#: The core's private hooks: an adapter goes through cugraphrt.adapter instead.
-PRIVATE_HOOKS = {"_begin", "_end", "_adopt", "_abort_capture", "_set_route", "_route",
-                 "_handles", "_keep_graph", "_ready_exec", "_allocate", "_check_replay",
-                 "_note_replay", "_checks_enabled", "_multi_device", "_refresh_exec",
-                 "_launch_own", "_replay_checked", "_shared_block"}
+#: Chains rooted at another library's names: their private names are the adapter's own floor
+#: (issue 52), not the core's.
+FOREIGN_ROOTS = ("torch", "transformers", "cupy", "numpy", "ctypes")
+
+
+def _allowed(module: str) -> set[str]:
+    """The names of ``module`` (a public module of cugraphrt) an adapter may use."""
+    import importlib
+
+    names = set(getattr(importlib.import_module(module), "__all__", ()))
+    return names | {"__version__"} if module == "cugraphrt" else names
+
+
 #: What only the floor may import or reach.
 CUDA_MODULES = ("cupy_backends.cuda.api", "cuda.bindings", "cuda.core", "cupy.cuda.runtime",
                 "cupy.cuda.driver")
@@ -74,24 +83,113 @@ def _adapter_files() -> list[Path]:
     return _files(TORCH_ADAPTER) + _files(EXAMPLE_ADAPTER)
 
 
-@pytest.mark.parametrize("path", _adapter_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_adapters_import_only_public_names(path):
+def _public_uses(path: Path) -> list[str]:
+    """What ``path`` takes from cugraphrt outside the allowlist: imports of a module that is
+    not public or of a name outside its ``__all__``, and attributes reached through an alias
+    of a public module (``core.begin_capture``) that its ``__all__`` does not name."""
+    found = []
+    aliases: dict[str, str] = {}
     for module, name, line in _imports(path):
         if module != "cugraphrt" and not module.startswith("cugraphrt."):
             continue
         where = f"{path.relative_to(ROOT)}:{line}"
-        assert module in PUBLIC, f"{where} imports {module}: not a public module"
-        assert not name.startswith("_") or name == "__version__", \
-            f"{where} imports {module}.{name}: a private name"
+        if module not in PUBLIC:
+            found.append(f"{where} imports {module}: not a public module")
+            continue
+        full = f"{module}.{name}" if name else module
+        if full in PUBLIC:  # a public module itself (from cugraphrt import adapter as core)
+            aliases[name or module.rpartition(".")[2]] = full
+        elif name and name not in _allowed(module):
+            found.append(f"{where} imports {module}.{name}: not in {module}.__all__")
+    tree = ast.parse(path.read_text(), str(path))
+    for alias in ast.walk(tree):
+        if isinstance(alias, ast.ImportFrom) and alias.module in PUBLIC:
+            for item in alias.names:
+                full = f"{alias.module}.{item.name}"
+                if full in PUBLIC:
+                    aliases[item.asname or item.name] = full
+        elif isinstance(alias, ast.Import):
+            for item in alias.names:
+                if item.name in PUBLIC and item.asname:
+                    aliases[item.asname] = item.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and not node.attr.startswith("__")
+                and node.attr not in _allowed(aliases[node.value.id])):
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} uses "
+                         f"{aliases[node.value.id]}.{node.attr}: not in its __all__")
+    return found
+
+
+def _private_names(files: list[Path]) -> set[str]:
+    """Private names (one underscore) that ``files`` define: functions, classes, attributes
+    they assign and ``__slots__`` entries."""
+    names: set[str] = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif (isinstance(node, ast.Assign) and any(
+                    isinstance(t, ast.Name) and t.id == "__slots__" for t in node.targets)
+                    and isinstance(node.value, (ast.Tuple, ast.List))):
+                names.update(str(e.value) for e in node.value.elts
+                             if isinstance(e, ast.Constant))
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+def _core_private_reaches(path: Path, core_only: set[str]) -> list[str]:
+    """Attributes ``path`` reaches that only the core defines (private ones)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Attribute) and node.attr in core_only:
+            root = node.value
+            while isinstance(root, (ast.Attribute, ast.Call, ast.Subscript)):
+                root = root.value if not isinstance(root, ast.Call) else root.func
+            if isinstance(root, ast.Name) and root.id in FOREIGN_ROOTS:
+                continue
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} reaches "
+                         f"{ast.unparse(node)}, a private name of the core")
+    return found
+
+
+def _core_only_private_names() -> set[str]:
+    core = [p for p in _files(CORE) if CORE / "bench" not in p.parents]
+    return _private_names(core) - _private_names(_adapter_files())
 
 
 @pytest.mark.parametrize("path", _adapter_files(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_adapters_reach_no_private_hook_of_the_core(path):
-    tree = ast.parse(path.read_text(), str(path))
-    reached = sorted({(node.attr, node.lineno) for node in ast.walk(tree)
-                      if isinstance(node, ast.Attribute) and node.attr in PRIVATE_HOOKS})
-    assert not reached, (f"{path.relative_to(ROOT)} reaches the core's private hooks "
-                         f"{reached}; use cugraphrt.adapter")
+def test_adapters_use_only_what_the_public_modules_export(path):
+    found = _public_uses(path)
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", _adapter_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_adapters_reach_no_private_name_of_the_core(path):
+    found = _core_private_reaches(path, _core_only_private_names())
+    assert not found, "\n".join(found) + "; use cugraphrt.adapter"
+
+
+def test_the_allowlist_catches_what_an_adapter_must_not_use():
+    # The two tests above can fail: a planted file trips each rule.
+    planted = ROOT / "tests" / "unit" / "_planted_adapter.py"
+    planted.write_text("from cugraphrt._capture.graphs import Graph\n"
+                       "from cugraphrt import _tree\n"
+                       "from cugraphrt.adapter import Bucketed, _runtime\n"
+                       "from cugraphrt import adapter as core\n"
+                       "core.begin_capture\ncore.not_exported\n"
+                       "def f(family):\n    return family._core._fallbacks, family.fallback\n")
+    try:
+        uses = _public_uses(planted)
+        reaches = _core_private_reaches(planted, _core_only_private_names())
+    finally:
+        planted.unlink()
+    assert len(uses) == 4, uses  # a private module, _tree, _runtime, core.not_exported
+    assert any("not_exported" in u for u in uses) and any("_runtime" in u for u in uses)
+    assert [r.split(" reaches ")[1] for r in reaches] == [
+        "family._core._fallbacks, a private name of the core"]
+    assert "_fallback" not in _private_names(_adapter_files())  # the core's alone
 
 
 def test_the_core_imports_no_adapter_and_the_bench_only_from_the_cli():
