@@ -73,7 +73,7 @@ class BucketedModule:
                 versions = _torch.versions(leaves)
                 with session:
                     outputs = module(*args)
-                written = _torch.moved(leaves, versions)
+                written = _torch.moved(leaves, versions) if inputs == "rebind" else None
                 if warm:
                     _torch.give_back_warm_up_memory()
                 exec_bytes = instantiate_measured(cuda_graph)

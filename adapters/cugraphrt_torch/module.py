@@ -131,10 +131,10 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         _warm_up(module, static, options.num_warmup_iters, device)
         cuda_graph = Graph()
         capture = graph(cuda_graph, pool=pool)
-        versions = _torch.versions(static)
+        versions = _torch.versions(static)  # what rebinding copies back (inputs="rebind")
         with capture:
             outputs = module(*static)
-        written = _torch.moved(static, versions)
+        written = _torch.moved(static, versions) if inputs == "rebind" else None
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
     check = None if options.copy_outputs else make_check(
@@ -193,7 +193,6 @@ def _warm_up(module, args: tuple, iterations: int, device: int) -> None:
         for _ in range(iterations):
             module(*args)
     torch.cuda.current_stream(device).wait_stream(stream)
-
 
 
 class GraphedModule:

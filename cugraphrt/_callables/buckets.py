@@ -173,12 +173,12 @@ class Bucketed:
         try:
             n = leaves[probe.index].shape[probe.dim]
         except (AttributeError, IndexError, TypeError):
-            return self.fallback(args, f"type {probe.path}", self._type_reason(probe.path,
-                                                                                leaves[probe.index]))
+            return self.fallback(args, f"type {probe.path}",
+                                 self._type_reason(probe.path, leaves[probe.index]))
         if not 0 < n <= self._max:
             if n == 0:
                 return self.fallback(args, "empty", f"{probe.path} has size 0 in dimension "
-                                      f"{probe.dim} (got an empty batch)")
+                                     f"{probe.dim} (got an empty batch)")
             return self.fallback(args, "above", (
                 f"size {n} of dimension {probe.dim} is above the largest bucket "
                 f"{self._max} (got {probe.path} of shape {tuple(leaves[probe.index].shape)})"))

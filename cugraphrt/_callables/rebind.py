@@ -191,13 +191,11 @@ class RebindIn:
     def _copy_pool_arguments(self, addresses: list[int], leaves: Sequence[Any],
                              starts: list[int], ends: list[int], low: int, high: int) -> None:
         for k, at in enumerate(addresses):
-            if low <= at < high:
-                i = bisect_right(starts, at) - 1
-                if i >= 0 and at < ends[i]:
-                    index, static = self._arrays[k][0], self._arrays[k][1]
-                    if leaves[index] is not static:
-                        self._copy(static, leaves[index])  # never copied back (below)
-                    addresses[k] = self._statics_at[k]
+            if low <= at < high and _in_segment(starts, ends, at):
+                index, static = self._arrays[k][0], self._arrays[k][1]
+                if leaves[index] is not static:
+                    self._copy(static, leaves[index])  # never copied back (below)
+                addresses[k] = self._statics_at[k]
 
 
 def _extents(framework: Any, arrays: Sequence[Any]) -> list[tuple[int, int, int]]:
@@ -239,10 +237,13 @@ def outside_pool(pool: Any, address: int) -> bool:
     """Whether ``address`` lies outside every segment of ``pool``: an argument inside one is
     an earlier output, which the replay may write itself (never copied back to)."""
     starts, ends, low, high = pool._spans()
-    if not low <= address < high:
-        return True
+    return not (low <= address < high and _in_segment(starts, ends, address))
+
+
+def _in_segment(starts: list[int], ends: list[int], address: int) -> bool:
+    """Whether ``address`` lies in one of the sorted segments ``[starts[i], ends[i])``."""
     i = bisect_right(starts, address) - 1
-    return not (i >= 0 and address < ends[i])
+    return i >= 0 and address < ends[i]
 
 
 class WriteBack:
