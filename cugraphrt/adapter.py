@@ -118,9 +118,11 @@ __all__ = [
 # -- capture hooks -----------------------------------------------------------------------------
 
 def begin_capture(cuda_graph: Graph, pool: MemPool | None, mode: str, *,
-                  start: Callable[[Any, str], None] | None) -> Capture:
-    """Begin a capture into ``cuda_graph``; ``start(stream, mode)`` performs the CUDA-level
-    begin (the framework's own, such as ``torch.cuda.CUDAGraph.capture_begin``).
+                  start: Callable[[Any, str, object], None] | None) -> Capture:
+    """Begin a capture into ``cuda_graph``; ``start(stream, mode, token)`` performs the
+    CUDA-level begin (the framework's own, such as ``torch.cuda.CUDAGraph.capture_begin``).
+    ``token`` is the capture's: whatever ``start`` runs first (warm-ups whose memory the
+    capture will reuse) may :func:`allocate` from the pool with it.
 
     Returns the :class:`Capture` underway: its ``finish_hooks`` and ``abort_hooks`` run when
     it ends, and its ``token`` identifies it to :func:`allocate`.

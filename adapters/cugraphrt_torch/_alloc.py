@@ -35,7 +35,7 @@ from cugraphrt.errors import PoolOutOfMemoryError
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
            "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool",
-           "MemoryKeep"]
+           "MemoryKeep", "warming"]
 
 # void* alloc(size_t size, int device, cudaStream_t stream)
 # void free(void* ptr, size_t size, int device, cudaStream_t stream)
@@ -138,11 +138,62 @@ def pool_error(capture) -> BaseException | None:
     return entry.error if entry is not None and entry.capture is capture else None
 
 
+class _Warming:
+    """What :func:`_on_alloc` reads of a capture while its warm-ups run, before it begins."""
+
+    __slots__ = ("pool", "token")
+
+    def __init__(self, pool, token) -> None:
+        self.pool = pool
+        self.token = token
+
+
+# thread id -> the warm-ups of a capture that thread is about to begin (see warming()).
+_warming: dict[int, _Underway] = {}
+
+
+@contextlib.contextmanager
+def warming(pool, token, mempool, device: int) -> Iterator[None]:
+    """Let this thread's torch allocations come from ``pool`` (with the capture ``token``)
+    while the block runs: the warm-ups of the capture about to begin.
+
+    Their activations are freed into ``mempool`` (the capture's torch MemPool), where the
+    capture reuses them, instead of staying cached in torch's general pool; the cuBLAS
+    workspace they create is the one the capture bakes in, and it belongs to the graph's
+    pool (see ``_torch.drop_blas_workspaces``). Keyed by thread: torch routes a thread's
+    allocations to a MemPool (``use_mem_pool``) whatever the stream.
+    """
+    import torch
+
+    with serving_thread(pool, token), torch.cuda.use_mem_pool(mempool, device=device):
+        yield
+
+
+@contextlib.contextmanager
+def serving_thread(pool, token) -> Iterator[None]:
+    """While the block runs, the callbacks serve this thread's allocations from ``pool``
+    (``token``: the capture's), whatever the stream: :func:`warming`'s half that needs no
+    device."""
+    thread = threading.get_ident()
+    with _lock:
+        _warming[thread] = _Underway(_Warming(pool, token))
+    try:
+        yield
+    finally:
+        with _lock:
+            _warming.pop(thread, None)
+
+
 def _entry_for(stream: int | None) -> _Underway | None:
+    if _warming:
+        entry = _warming.get(threading.get_ident())
+        if entry is not None:
+            return entry
     entries = tuple(_underway.values())
-    if len(entries) == 1:
+    if len(entries) == 1 and not _warming:
         # Torch only routes allocations to a pool built on this allocator while one of our
-        # captures is underway: with one capture there is nothing to look up.
+        # captures is underway (or warms up: above): with one capture there is nothing to
+        # look up.
         return entries[0]
     if not entries or not stream or stream in (1, 2):
         return None  # never query the legacy stream: that would break a global capture

@@ -38,7 +38,7 @@ from . import _alloc, _collective_mode, _errors, _torch
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture
 
-__all__ = ["graph"]
+__all__ = ["graph", "warmed_graph"]
 
 _current_cupy_stream = cupy.cuda.get_current_stream
 # Torch graphs whose capture could not be ended cleanly: torch's allocator may still hold a
@@ -118,6 +118,9 @@ class graph:
         self.memory: Any = None
         self._session: _TorchCapture | None = None
         self._contexts: contextlib.ExitStack | None = None
+        #: Warm-ups run on the capture stream right before the capture begins, their memory
+        #: from its pool (see :func:`warmed_graph`); None: none.
+        self._warm_up: Callable[[], None] | None = None
 
     @property
     def torch_graph(self):
@@ -139,7 +142,7 @@ class graph:
         contexts.enter_context(torch.cuda.stream(torch_stream))
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
-                                           torch_stream, device)
+                                                torch_stream, device, self._warm_up)
         except BaseException:
             contexts.close()
             raise
@@ -165,13 +168,33 @@ class graph:
         return False
 
 
+def warmed_graph(cuda_graph: Graph, pool: MemPool | None,
+                 warm_up: Callable[[], None]) -> graph:
+    """A :class:`graph` whose capture first runs ``warm_up()`` on the capture stream, every
+    allocation from the capture's pool.
+
+    The warm-ups' activations are then freed into the pool the capture allocates from, so
+    the capture reuses them rather than leaving them cached in torch's general pool, and the
+    cuBLAS workspace they create, which the capture bakes in, is the graph's own: one
+    workspace per graph instead of one for the warm-ups and another for the capture (see
+    :func:`_torch.drop_blas_workspaces`). ``warm_up`` runs with the capture stream current,
+    before the CUDA-level begin; whatever it needs from the caller's stream it waits for
+    itself, and the caller's stream must wait for it before reusing that memory.
+    """
+    capture = graph(cuda_graph, pool=pool)
+    capture._warm_up = warm_up
+    return capture
+
+
 class _TorchCapture:
     """One torch capture into a cugraphrt Graph, from begin to adopt or roll-back."""
 
-    def __init__(self, cuda_graph: Graph, pool: MemPool, torch_stream, device: int) -> None:
+    def __init__(self, cuda_graph: Graph, pool: MemPool, torch_stream, device: int,
+                 warm_up: Callable[[], None] | None = None) -> None:
         import torch
 
         self.cuda_graph = cuda_graph
+        self.warm_up = warm_up
         self.pool = pool
         self.torch_stream = torch_stream
         self.stream_ptr = int(torch_stream.cuda_stream)
@@ -201,9 +224,10 @@ class _TorchCapture:
         return torch_graph
 
     @classmethod
-    def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int) -> _TorchCapture:
+    def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int,
+              warm_up: Callable[[], None] | None = None) -> _TorchCapture:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
-        session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device)
+        session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device, warm_up)
         try:
             capture = core.begin_capture(cuda_graph, session.pool, mode, start=session._start)
         except BaseException:
@@ -233,11 +257,15 @@ class _TorchCapture:
         if recorder is not None:
             recorder.__exit__(None, None, None)
 
-    def _start(self, stream, mode: str) -> None:
+    def _start(self, stream, mode: str, token: object) -> None:
         """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
         # The capture's matmuls get a workspace from its pool, not torch's shared cache,
-        # which torch.compile's graph trees clear and free (see drop_blas_workspaces).
+        # which torch.compile's graph trees clear and free (see drop_blas_workspaces): the
+        # warm-ups create it there, or else the capture does.
         _torch.drop_blas_workspaces()
+        if self.warm_up is not None:
+            with _alloc.warming(self.pool, token, self.mempool, self.device):
+                self.warm_up()
         try:
             self.torch_graph.capture_begin(pool=self.mempool.id, capture_error_mode=mode)
             return

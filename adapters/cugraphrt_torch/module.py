@@ -29,7 +29,7 @@ from cugraphrt.options import MakeGraphedOptions, validate_options
 from . import _torch
 from ._output_check import FIX_COPY, checkable, make_check
 from .bucketed import BucketedModule
-from .capture import graph
+from .capture import graph, warmed_graph
 from .framework import TORCH
 
 __all__ = ["graph_module", "GraphedModule"]
@@ -60,8 +60,10 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     pool : cugraphrt.MemPool, optional
         Pool for the capture; a private one if omitted.
     num_warmup_iters : int, default 3
-        Eager runs, under ``torch.no_grad()``, on the capture stream before capture
-        (kernel selection, library handles and workspaces for that stream).
+        Eager runs, under ``torch.no_grad()``, on the capture stream right before capture
+        (kernel selection, library handles and workspaces for that stream). Their memory
+        comes from the graph's pool, which the capture then reuses: nothing of theirs stays
+        cached in torch's allocator, and the cuBLAS workspace the graph uses is its own.
     copy_outputs : bool, default False
         Return clones of the outputs. By default each call returns tensors over the static
         outputs, which the next call overwrites.
@@ -128,9 +130,9 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.
         static = tuple(a.clone() if a.is_inference() else a for a in args)
-        _warm_up(module, static, options.num_warmup_iters, device)
         cuda_graph = Graph()
-        capture = graph(cuda_graph, pool=pool)
+        capture = _warmed_capture(cuda_graph, pool, module, static, options.num_warmup_iters,
+                                  device)
         versions = _torch.versions(static)  # what rebinding copies back (inputs="rebind")
         with capture:
             outputs = module(*static)
@@ -180,6 +182,25 @@ def _wrong_device(module: torch.nn.Module, device: torch.device) -> None:
             raise OptionsError("module", f"{name} on {tensor.device}",
                                f"a module on {device}, like sample_args; call "
                                f"module.to('{device}') first")
+
+
+def _warmed_capture(cuda_graph: Graph, pool: MemPool | None, module, args: tuple,
+                    iterations: int, device: int) -> graph:
+    """The capture of ``module(*args)``, its warm-ups run on the capture stream from the
+    capture's pool (:func:`warmed_graph`): the capture reuses their memory and workspace."""
+    if iterations == 0:
+        return graph(cuda_graph, pool=pool)
+    caller = torch.cuda.current_stream(device)
+
+    def warm_up() -> None:
+        stream = torch.cuda.current_stream(device)  # the capture stream
+        stream.wait_stream(caller)
+        for _ in range(iterations):
+            module(*args)
+        # The capture's memory is the warm-ups': the caller's replays wait for them.
+        caller.wait_stream(stream)
+
+    return warmed_graph(cuda_graph, pool, warm_up)
 
 
 def _warm_up(module, args: tuple, iterations: int, device: int) -> None:

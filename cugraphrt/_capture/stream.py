@@ -152,7 +152,7 @@ class Stream(cupy.cuda.Stream):
             raise _cuda.error_from_status(exc.status, "cudaStreamSynchronize") from exc
 
 
-def _begin_cupy_capture(stream, mode: str) -> None:
+def _begin_cupy_capture(stream, mode: str, token: object) -> None:
     # CuPy's own begin, so that CuPy knows of the capture (launch_host_func keeps its
     # callbacks, which the core hands to the graph when the capture ends).
     cupy.cuda.Stream.begin_capture(stream, _cuda.CAPTURE_MODES[mode])

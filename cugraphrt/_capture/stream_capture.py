@@ -165,12 +165,14 @@ def is_current_stream_capturing() -> bool:
 
 
 def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
-          start: Callable[[object, str], None] | None = None) -> Capture:
+          start: Callable[[object, str, object], None] | None = None) -> Capture:
     """Begin a capture on CuPy's current stream, allocating from ``pool``.
 
-    ``start(stream, mode)`` performs the CUDA-level begin; by default CuPy's
+    ``start(stream, mode, token)`` performs the CUDA-level begin; by default CuPy's
     ``Stream.begin_capture``. Adapters pass their framework's own begin (PyTorch's
-    ``CUDAGraph.capture_begin``) so the framework knows about the capture too.
+    ``CUDAGraph.capture_begin``) so the framework knows about the capture too. ``token``
+    is the capture's token in ``pool`` (see :func:`cugraphrt.adapter.allocate`): what
+    ``start`` runs before the CUDA-level begin (warm-ups) may allocate from the pool with it.
 
     Raises
     ------
@@ -211,7 +213,7 @@ def begin(pool: MemPool, mode: str, prepare: Callable[[], None] | None = None,
         if start is None:
             stream.begin_capture(mode=_cuda.CAPTURE_MODES[mode])
         else:
-            start(stream, mode)
+            start(stream, mode, token)
         status, capture_id = _cuda.capture_info(ptr)
         if status == _cuda.STATUS_INVALIDATED:
             # Broken between its begin and now: by another thread (see _diagnose).

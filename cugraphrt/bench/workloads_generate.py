@@ -149,11 +149,15 @@ class _Timed:
         return (total - first) / (NEW - 1)
 
 
-def _hf_static_compiled(model) -> None:
-    """Raise unless transformers compiled the model for static-cache generation."""
-    if getattr(model, "_compiled_call", None) is None:
+def _hf_static_compiled(model) -> Callable[..., Any]:
+    """The step transformers compiled for static-cache generation (``model._compiled_call``);
+    raises if there is none. Returns it, never None: :meth:`RowBuilder.setup` reads None as
+    a failed set-up (a None return once left hf_static unmeasured: its targets read N/A)."""
+    compiled = getattr(model, "_compiled_call", None)
+    if compiled is None:
         raise RuntimeError("generate(cache_implementation='static') did not compile the model "
                            "(no model._compiled_call): the row would time eager steps")
+    return compiled
 
 
 def run_generate(ctx: Context) -> None:

@@ -3,6 +3,8 @@ allocator callbacks (against a pool on a fake backing allocator)."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy
 import pytest
 
@@ -221,6 +223,34 @@ def test_no_capture_or_wrong_device_gives_null(capture):
     _alloc.unregister(capture)
     assert _alloc._C_ALLOC(MiB, 0, 0x7000) is None
     _alloc.register(capture)
+
+
+def test_warm_ups_allocate_from_the_pool_by_thread_not_by_stream():
+    """A capture's warm-ups (before it begins) get segments of its pool on their own thread,
+    on any stream; another thread's allocation meanwhile is not theirs. Once they end, a
+    capture underway is served as before."""
+    pool = cugraphrt.MemPool(backing=FakeBackingAllocator(capacity=64 * MiB))
+    token = object()
+    pool._begin_capture(token)
+    got: dict[str, object] = {}
+    try:
+        with _alloc.serving_thread(pool, token):
+            for stream in (0x7000, 0x9000):  # the capture stream, a side stream
+                got[hex(stream)] = _alloc._C_ALLOC(MiB, 0, stream)
+            other = threading.Thread(target=lambda: got.update(other=_alloc._on_alloc(
+                MiB, 0, 0x7000)))
+            other.start()
+            other.join()
+        assert got["0x7000"] and got["0x9000"]
+        assert pool.stats().active_bytes == 2 * MiB
+        assert got["other"] is None
+        assert _alloc._C_ALLOC(MiB, 0, 0x7000) is None  # the warm-ups ended
+    finally:
+        for key in ("0x7000", "0x9000"):
+            if got.get(key):
+                _alloc._C_FREE(got[key], MiB, 0, int(key, 16))
+        pool._end_capture(token, succeeded=False)
+    assert pool.stats().active_bytes == 0
 
 
 def test_out_of_memory_gives_null_and_keeps_the_pool_error(capture):

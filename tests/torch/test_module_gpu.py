@@ -193,6 +193,59 @@ def test_dropping_a_graph_frees_torch_graph_and_segments_at_once():
     assert after.active_bytes - baseline <= 2 << 20, (baseline, during, after)
 
 
+def test_warm_ups_allocate_from_the_graphs_pool_and_own_its_workspace():
+    """The warm-ups run from the capture's pool: nothing of theirs stays cached in torch's
+    general pool, and the cuBLAS workspace the graph bakes in is the graph's own, so torch
+    clearing its workspace cache (as torch.compile's graph trees do) frees nothing the graph
+    uses."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 512)).cuda().eval()
+    x = torch.randn(256, 512, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    general = _general_pool_bytes()
+    graphed = cugraphrt_torch.graph_module(model, x)
+    torch.cuda.synchronize()
+    # The warm-ups' activations (2 MiB a call) and workspace (32 MiB on an H200) went to the
+    # graph's pool: torch's general pool grew by one small segment at most, for the RNG state
+    # torch allocates for each graph (two 512-byte tensors). Eager warm-ups left 34 MiB or
+    # more cached there.
+    assert _general_pool_bytes() - general <= 2 << 20, (general, _general_pool_bytes())
+    assert graphed.graph.pool().stats().reserved_bytes > 0
+    torch._C._cuda_clearCublasWorkspaces()
+    torch.cuda.empty_cache()
+    fillers = [torch.full((1 << 22,), 7.0, device="cuda") for _ in range(8)]
+    fresh = torch.randn_like(x)
+    with torch.no_grad():
+        expected = model(fresh)
+    torch.testing.assert_close(graphed(fresh), expected, rtol=1e-4, atol=1e-4)
+    torch.cuda.synchronize()
+    assert all(bool((f == 7.0).all()) for f in fillers), "the replay wrote into other memory"
+
+
+def _general_pool_bytes() -> int:
+    """Bytes of the segments of torch's general pool (not a graph's or a MemPool's)."""
+    return sum(segment["total_size"] for segment in torch.cuda.memory_snapshot()
+               if tuple(segment["segment_pool_id"]) == (0, 0))
+
+
+def test_a_failing_warm_up_raises_its_error_and_leaves_the_next_capture_working():
+    class Broken(nn.Module):
+        def forward(self, x):
+            raise ValueError("broken forward")
+
+    with pytest.raises(ValueError, match="broken forward"):
+        cugraphrt_torch.graph_module(Broken().cuda(), torch.randn(4, 8, device="cuda"))
+    model = nn.Linear(8, 3).cuda().eval()
+    x = torch.randn(4, 8, device="cuda")
+    graphed = cugraphrt_torch.graph_module(model, x)
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_replay_after_reset_is_refused():
     model = nn.Linear(8, 3).cuda().eval()
     graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))

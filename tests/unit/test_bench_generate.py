@@ -116,4 +116,11 @@ def test_a_hand_loop_with_other_tokens_is_an_error_cell(capsys):
 def test_hf_static_must_have_compiled():
     with pytest.raises(RuntimeError, match="did not compile"):
         workloads_generate._hf_static_compiled(SimpleNamespace())
-    workloads_generate._hf_static_compiled(SimpleNamespace(_compiled_call=print))
+    assert workloads_generate._hf_static_compiled(SimpleNamespace(_compiled_call=print)) is print
+    # As _batch uses it: a set-up that passes must not read as a failed one (a None return
+    # did, and left hf_static unmeasured on an H200: both 0.50x targets read N/A).
+    row = RowBuilder("per token, batch 1", "us", workloads_generate.SYSTEMS, "hf_static",
+                     "cugraphrt_compiled")
+    assert row.setup("hf_static", lambda: workloads_generate._hf_static_compiled(
+        SimpleNamespace(_compiled_call=print))) is not None
+    assert "hf_static" not in row.row.cells
