@@ -33,6 +33,8 @@ from cugraphrt.adapter import capture_activity
 from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import PoolOutOfMemoryError
 
+from ._internals import cuda as _cuda_internals
+
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
            "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool",
            "MemoryKeep", "warming"]
@@ -253,11 +255,9 @@ def allocator():
     if _allocator is None:
         with _lock:
             if _allocator is None:
-                import torch
-
                 alloc_ptr = ctypes.cast(_C_ALLOC, ctypes.c_void_p).value
                 free_ptr = ctypes.cast(_C_FREE, ctypes.c_void_p).value
-                _allocator = torch._C._cuda_customAllocator(alloc_ptr, free_ptr)
+                _allocator = _cuda_internals.custom_allocator(alloc_ptr, free_ptr)
     return _allocator
 
 
@@ -325,14 +325,10 @@ def _empty_host_cache() -> None:
     (docs/reliability.md). It frees pinned memory (``cudaFreeHost``), which a capture
     underway forbids: it runs here, where no cugraphrt capture is underway.
     """
-    import torch
-
-    empty = getattr(torch._C, "_host_emptyCache", None)
-    if empty is not None:
-        try:
-            empty()
-        except Exception:  # noqa: BLE001 - runs from finalizers; the cache stays as it was
-            pass
+    try:
+        _cuda_internals.host_empty_cache()
+    except Exception:  # noqa: BLE001 - runs from finalizers; the cache stays as it was
+        pass
 
 
 def sweep_when_safe() -> None:

@@ -30,6 +30,7 @@ from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder, or
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 
 from ._aot_graph_buckets import AotGraphBuckets, static_addresses
+from ._internals import tensors as _tensors
 from ._output_check import FIX_COMPILE, checkable, make_check
 from .capture import graph as _capture
 from .framework import TORCH
@@ -45,8 +46,8 @@ def _same_ptrs_py(tensors: list, ptrs: list, indices: list[int]) -> bool:
 
 # The check of every static input's address runs on each call: torch's CUDA builds do it in
 # C++ (what its CUDA graph trees use); CPU builds lack it.
-_same_ptrs = getattr(torch._C, "_tensors_data_ptrs_at_indices_equal", _same_ptrs_py)
-_foreach_copy = torch._foreach_copy_
+_same_ptrs = _tensors.data_ptrs_equal(_same_ptrs_py)
+_foreach_copy = _tensors.foreach_copy
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,12 @@ import torch
 
 from cugraphrt.adapter import OverwriteOrder, order_for
 
+from ._internals import tensors as _tensors
+
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 
 # A private torch entry point (storage key -> use count), absent from some builds.
-_use_count: Any = getattr(torch._C, "_storage_Use_Count", None)
+_use_count: Any = _tensors.storage_use_count()
 _ref = weakref.ref
 
 
@@ -73,7 +75,7 @@ def use_count_available() -> bool:
 
 def _storage_id(tensor: torch.Tensor) -> int | None:
     try:
-        return tensor.untyped_storage()._cdata
+        return _tensors.storage_key(tensor.untyped_storage())
     except Exception:  # noqa: BLE001 - sparse and other storage-less tensors alias nothing
         return None
 

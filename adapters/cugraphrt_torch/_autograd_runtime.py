@@ -26,19 +26,20 @@ from cugraphrt.errors import ReplayError
 
 from ._autograd_guard import AliasGuard, GradBuffers
 from ._autograd_plan import ArgPlan, OutputPlan
+from ._internals import autograd as _autograd_internals
 
 __all__ = ["GraphedCallable", "graphed_forward"]
 
-_grad_enabled = torch._C.is_grad_enabled
-_set_grad_enabled = torch._C._set_grad_enabled
-_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None) or torch.is_autocast_enabled
-_functorch_active = torch._C._are_functorch_transforms_active
+_grad_enabled = _autograd_internals.grad_enabled
+_set_grad_enabled = _autograd_internals.set_grad_enabled
+_any_autocast = _autograd_internals.any_autocast
+_functorch_active = _autograd_internals.functorch_active
 _Tensor = torch.Tensor
 _ref = weakref.ref
 # Function.apply is a Python classmethod over the C one; its extra work (setup_context
 # binding, unwrapping dead functorch wrappers) only matters under functorch transforms, and
 # costs about 2 us per call. Call the C one directly outside them.
-_c_apply = torch._C._FunctionBase.__dict__.get("apply")
+_c_apply = _autograd_internals.function_apply()
 
 
 def autocast_state() -> tuple[bool, Any]:

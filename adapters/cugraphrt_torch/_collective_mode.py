@@ -25,12 +25,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cugraphrt.adapter import collectives as _collectives
 from cugraphrt.adapter import control as _control
 
 from . import _torch
+from ._internals import distributed as _distributed
+from ._internals import ops as _ops
 
 __all__ = ["prepare", "recording", "arm", "describe_op", "TorchExchanger"]
 
@@ -60,10 +61,9 @@ def _reduce_name(op: Any) -> str:
         members: Any = torch.distributed.ReduceOp.RedOpType.__members__
         for name, value in members.items():
             _RED_OPS[int(value)] = name.lower()
-    try:
-        return _RED_OPS.get(int(op.op()), "op")
-    except Exception:  # noqa: BLE001 - an op object we cannot read: compare the kind only
-        return "op"
+    kind = _distributed.reduce_op_kind(op)
+    # An op object this torch does not let us read (2.8): compare the collective kind only.
+    return "op" if kind is None else _RED_OPS.get(kind, "op")
 
 
 def _tensors(value: Any) -> list:
@@ -75,26 +75,22 @@ def _tensors(value: Any) -> list:
 
 
 def _script_type(value: Any) -> str:
-    try:
-        return value._type().qualified_name()
-    except Exception:  # noqa: BLE001 - not a TorchBind object
-        return ""
+    return _distributed.script_type_name(value)
 
 
 def _group_name(value: Any) -> str:
     """A c10d ProcessGroup argument (a TorchBind object) as its group name."""
-    from torch._C._distributed_c10d import ProcessGroup
-
+    ProcessGroup = _distributed.process_group_class()
     try:
         return str(ProcessGroup.unbox(value).group_name)
     except Exception:  # noqa: BLE001 - no unbox in this torch: fall back to the default
-        return str(torch.distributed.distributed_c10d._get_default_group().group_name)
+        return _distributed.default_group_name()
 
 
 def describe_op(func: Any, args: tuple) -> Any:
     """The :class:`Collective` a ``c10d``/``_c10d_functional`` operation issues, or None
     for one that issues none (``wait_tensor``, ...)."""
-    name = func._schema.name.split("::", 1)[1]
+    name = _ops.op_name(func)
     if func.namespace == "_c10d_functional":
         if name.startswith("wait") or "wrap" in name:
             return None
@@ -124,7 +120,7 @@ def describe_op(func: Any, args: tuple) -> Any:
     return _collectives.Collective(kind, dtype, count, group, detail)
 
 
-class _Recorder(TorchDispatchMode):
+class _Recorder(_ops.TorchDispatchMode):
     """Records the collectives dispatched while a capture is underway (see the module)."""
 
     def __init__(self, capture: Any) -> None:
@@ -232,8 +228,7 @@ class TorchExchanger:
 
     @staticmethod
     def _resolve(name: str) -> Any:
-        resolve: Any = torch.distributed.distributed_c10d._resolve_process_group
-        return resolve(name)
+        return _distributed.resolve_process_group(name)
 
     def next_index(self) -> int:
         index = _counters.get(self.key, 0)
@@ -243,14 +238,14 @@ class TorchExchanger:
     def exchange(self, tag: str, payload: bytes, timeout_s: float) -> dict[int, bytes]:
         if len(self.ranks) == 1:
             return {self.rank: payload}
-        store = torch.distributed.distributed_c10d._get_default_store()
+        store = _distributed.default_store()
         return _collectives.exchange_over_store(
             store, f"cugraphrt/collectives/{self.key}/{tag}", self.rank,
                                    self.ranks, payload, timeout_s)
 
     def default_timeout_s(self) -> float:
         try:
-            store: Any = torch.distributed.distributed_c10d._get_default_store()
+            store: Any = _distributed.default_store()
             return float(store.timeout.total_seconds())
         except Exception:  # noqa: BLE001 - no store timeout to read: torch's NCCL default
             return 600.0

@@ -37,6 +37,8 @@ import torch
 
 from cugraphrt.errors import OptionsError
 
+from ._internals import compile as _compile
+
 __all__ = ["EAGER_KERNEL_OPS", "Numerics", "check_inference", "compile_inductor",
            "inductor_backend", "inductor_settings", "eager_kernel_lowerings"]
 
@@ -88,18 +90,15 @@ def inductor_settings(numerics: Numerics) -> tuple[dict, dict | None]:
     """(config patches, decomposition table or None for Inductor's) for ``numerics``."""
     if not numerics:
         return {}, None
-    import torch._inductor.config as inductor_config
-
     patches: dict = {"emulate_precision_casts": True}
-    if _has_division_rounding(inductor_config):
+    if _compile.has_division_rounding():
         patches["eager_numerics.division_rounding"] = True
     if numerics != "exact":
         return patches, None
-    from torch._inductor.decomposition import select_decomp_table
-
     patches["fx_graph_cache"] = False
     kept = set(_eager_ops())
-    return patches, {op: fn for op, fn in select_decomp_table().items() if op not in kept}
+    return patches, {op: fn for op, fn in _compile.select_decomp_table().items()
+                     if op not in kept}
 
 
 @contextlib.contextmanager
@@ -108,24 +107,21 @@ def eager_kernel_lowerings(numerics: Numerics) -> Iterator[None]:
     if numerics != "exact":
         yield
         return
-    from torch._inductor import lowering
-
-    handlers: dict[Any, Callable] = {
-        op: lowering.fallback_handler(op, add_to_fallback_set=False) for op in _eager_ops()}
+    lowerings = _compile.lowering_table()
+    handlers: dict[Any, Callable] = {op: _compile.fallback_handler(op) for op in _eager_ops()}
     handlers[torch.ops.aten.pow.Tensor_Scalar] = _pow_handler(
-        lowering.lowerings[torch.ops.aten.pow.Tensor_Scalar],
-        lowering.fallback_handler(torch.ops.aten.pow.Tensor_Scalar,
-                                  add_to_fallback_set=False))
-    saved = {op: lowering.lowerings.get(op) for op in handlers}
-    lowering.lowerings.update(handlers)
+        lowerings[torch.ops.aten.pow.Tensor_Scalar],
+        _compile.fallback_handler(torch.ops.aten.pow.Tensor_Scalar))
+    saved = {op: lowerings.get(op) for op in handlers}
+    lowerings.update(handlers)
     try:
         yield
     finally:
         for op, handler in saved.items():
             if handler is None:
-                lowering.lowerings.pop(op, None)
+                lowerings.pop(op, None)
             else:
-                lowering.lowerings[op] = handler
+                lowerings[op] = handler
 
 
 def check_inference(numerics: Numerics, compile_kwargs: dict) -> None:
@@ -143,19 +139,17 @@ def compile_inductor(gm: torch.fx.GraphModule, example_inputs: Any, numerics: Nu
                      finish: Callable[..., Any] | None = None) -> Any:
     """Inductor's ``compile_fx`` under ``numerics``, without CUDA graphs of its own:
     ``finish(compiled, graph, inputs, kwargs)``, if given, wraps each compiled graph."""
-    from torch._inductor.compile_fx import compile_fx, compile_fx_inner
-
     patches, decompositions = inductor_settings(numerics)
 
     def inner(graph, inputs, **kwargs):
         check_inference(numerics, kwargs)
         # Around each compilation, a backward's later one included.
         with eager_kernel_lowerings(numerics):
-            compiled = compile_fx_inner(graph, inputs, **kwargs)
+            compiled = _compile.compile_fx_inner(graph, inputs, **kwargs)
         return compiled if finish is None else finish(compiled, graph, inputs, kwargs)
 
     # compile_fx applies the patches to the backward's later compilation too.
-    return compile_fx(gm, example_inputs, inner_compile=inner,
+    return _compile.compile_fx(gm, example_inputs, inner_compile=inner,
                       config_patches={"triton.cudagraphs": False, **patches},
                       decompositions=decompositions)
 
@@ -169,10 +163,7 @@ def inductor_backend(numerics: Numerics) -> Callable:
 def _eager_ops() -> tuple:
     """:data:`EAGER_KERNEL_OPS` (and division where needed) resolved on this torch; a name
     this version lacks is skipped (no graph can hold it)."""
-    import torch._inductor.config as inductor_config
-
-    names = EAGER_KERNEL_OPS + (() if _has_division_rounding(inductor_config)
-                                else DIVISION_OPS)
+    names = EAGER_KERNEL_OPS + (() if _compile.has_division_rounding() else DIVISION_OPS)
     ops = []
     for name in names:
         packet, _, overload = name.partition(".")
@@ -180,10 +171,6 @@ def _eager_ops() -> tuple:
         if op is not None:
             ops.append(op)
     return tuple(ops)
-
-
-def _has_division_rounding(inductor_config: Any) -> bool:
-    return hasattr(getattr(inductor_config, "eager_numerics", None), "division_rounding")
 
 
 def _pow_handler(native: Callable, fallback: Callable) -> Callable:

@@ -11,6 +11,8 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ._internals import ops as _ops
+
 __all__ = ["mutated_inputs", "uncapturable_reason", "placeholder_names"]
 
 # Ops that wait for the device to hand a value to the host: a capture cannot record them.
@@ -51,7 +53,7 @@ def mutated_inputs(gm: torch.fx.GraphModule) -> frozenset[int]:
                 owners.setdefault(_storage_key(tensor), set()).add(index)
             index += 1
             continue
-        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        schema = _ops.schema_of(node.target) if node.op == "call_function" else None
         if schema is None:
             continue
         for position, argument in enumerate(schema.arguments):
@@ -86,7 +88,7 @@ def uncapturable_reason(gm: torch.fx.GraphModule, example_inputs: Sequence[objec
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
-        schema = getattr(node.target, "_schema", None)
+        schema = _ops.schema_of(node.target)
         if schema is not None and _op_name(schema) in _HOST_SYNC_OPS:
             return f"op '{node.name}' ({_op_name(schema)}) waits for the device"
         for tensor in _tensors(node.meta.get("val")):

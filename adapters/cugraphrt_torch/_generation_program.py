@@ -26,15 +26,15 @@ What the bodies compute is what Hugging Face's greedy ``generate`` computes with
 
 from __future__ import annotations
 
-import copy
 import inspect
-import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from ._eager_kernels import Numerics, inductor_backend
+from ._internals import compile as _compile
+from ._internals import tensors as _tensors
+from ._internals import transformers as _transformers
 
 __all__ = ["GenerationState", "Program", "cache_views", "MAX_EOS"]
 
@@ -93,24 +93,9 @@ class GenerationState:
         return values[CUR], bool(values[RUNNING])
 
 
-def cache_views(cache: Any, rows: int, length: int) -> Any:
-    """A cache over the first ``rows`` sequences and ``length`` positions of ``cache``.
-
-    The view shares every layer's write counter with ``cache`` (one counter for all views:
-    they all write the same positions). Its attention reads ``length`` keys: the mask, the
-    keys and the kernels' shapes are those of a StaticCache of that length.
-    """
-    view = copy.copy(cache)
-    view.layers = []
-    for layer in cache.layers:
-        mine = copy.copy(layer)
-        mine.keys = layer.keys[:rows, :, :length]
-        mine.values = layer.values[:rows, :, :length]
-        mine.max_cache_len = length
-        if hasattr(mine, "batch_size"):
-            mine.batch_size = rows
-        view.layers.append(mine)
-    return view
+#: A cache over the first ``rows`` sequences and ``length`` positions (one write counter for
+#: all views: they all write the same positions); see :func:`._internals.transformers.cache_view`.
+cache_views = _transformers.cache_view
 
 
 class Program:
@@ -122,7 +107,7 @@ class Program:
         self.state = state
         self.cache = cache
         self.views: dict[tuple[int, int], Any] = {}
-        self.counters = [layer.cumulative_length for layer in cache.layers]
+        self.counters = _transformers.write_counters(cache)
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
         # The decode step, compiled by Inductor (no CUDA graphs of its own: the generator
@@ -134,13 +119,9 @@ class Program:
         # generator in the process) neither count against this one's limit, which would
         # leave this step to run uncompiled, nor outlive their program.
         self.step = self._step if numerics is None else torch.compile(
-            _own_code(self._step), backend=inductor_backend(numerics), dynamic=False)
+            _compile.own_code(self._step), backend=inductor_backend(numerics), dynamic=False)
         self.compiled = numerics is not None
-        from torch._dynamo import config as dynamo_config
-
-        name = "recompile_limit" if hasattr(dynamo_config, "recompile_limit") else \
-            "cache_size_limit"
-        self._recompile_limit = (name, max(8, steps))
+        self._recompile_limit = max(8, steps)
 
     def _view(self, rows: int, length: int) -> Any:
         view = self.views.get((rows, length))
@@ -152,7 +133,7 @@ class Program:
                  keep: torch.Tensor | int) -> torch.Tensor:
         """The model on ``ids`` over ``view``: the logits at the kept positions,
         ``(rows, vocab)``."""
-        rows, length = ids.shape[0], view.layers[0].max_cache_len
+        rows, length = ids.shape[0], _transformers.view_length(view)
         kwargs = {"logits_to_keep": keep} if self.keeps_logits else {}
         logits = self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
                             position_ids=positions, past_key_values=view, use_cache=True,
@@ -167,14 +148,14 @@ class Program:
         """The prompt (right-padded to ``prompt_bucket``) through the model, attending over
         ``length`` cache positions, then the first token."""
         state = self.state
-        torch._foreach_zero_(self.counters)
+        _tensors.foreach_zero(self.counters)
         mask = state.mask[:rows, :prompt_bucket]
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 0)
         scores = self._forward(self._view(rows, length), state.ids[:rows, :prompt_bucket],
                                positions, state.last)
         # The cache holds the real prompt; decoding overwrites the padding's entries.
-        torch._foreach_copy_(self.counters, [state.prompt_len] * len(self.counters))
+        _tensors.foreach_copy(self.counters, [state.prompt_len] * len(self.counters))
         torch.sum(mask, -1, keepdim=True, out=state.next_pos[:rows])
         self._choose(rows, scores)
 
@@ -184,10 +165,7 @@ class Program:
         if not self.compiled:
             self._step(self._view(rows, length), rows)
             return
-        from torch._dynamo import config as dynamo_config
-
-        name, limit = self._recompile_limit
-        with dynamo_config.patch({name: max(getattr(dynamo_config, name), limit)}):
+        with _compile.recompile_limit(self._recompile_limit):
             self.step(self._view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:
@@ -214,11 +192,3 @@ class Program:
         state.cur.add_(1)
         torch.logical_and(finished.logical_not().any(), state.cur < state.max_len,
                           out=state.running)
-
-
-def _own_code(method: Callable) -> Callable:
-    """``method`` bound to the same object, its function on a fresh copy of its code."""
-    func = method.__func__  # type: ignore[attr-defined]
-    own = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
-                             func.__defaults__, func.__closure__)
-    return types.MethodType(own, method.__self__)  # type: ignore[attr-defined]

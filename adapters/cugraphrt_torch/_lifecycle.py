@@ -23,6 +23,8 @@ import threading
 
 from cugraphrt.adapter import collectives as _collectives
 
+from ._internals import distributed as _distributed
+
 __all__ = ["install"]
 
 _lock = threading.Lock()
@@ -38,7 +40,7 @@ def install() -> None:
         if _installed:
             return
         try:
-            from torch._C._distributed_c10d import ProcessGroup
+            ProcessGroup = _distributed.process_group_class()
         except ImportError:  # torch without distributed: nothing can hold collectives
             return
         original = ProcessGroup.shutdown
@@ -52,5 +54,5 @@ def install() -> None:
 
         shutdown.__doc__ = getattr(original, "__doc__", None)
         shutdown.__wrapped__ = original  # type: ignore[attr-defined]
-        ProcessGroup.shutdown = shutdown  # type: ignore[method-assign]
+        ProcessGroup.shutdown = shutdown
         _installed = True

@@ -34,6 +34,8 @@ import torch
 
 from cugraphrt.adapter import OutputCheck, OverwriteOrder, resolve_check_outputs
 
+from ._internals import tensors as _tensors
+
 __all__ = ["FIX_CLONE", "FIX_COMPILE", "FIX_COPY", "available", "checkable", "make_check",
            "TorchOutputs"]
 
@@ -42,13 +44,10 @@ FIX_CLONE = ".clone() an output you keep before calling again"
 FIX_COPY = FIX_CLONE + ", or pass copy_outputs=True"
 FIX_COMPILE = FIX_CLONE + ", or keep the backend's copy_outputs option on (its default)"
 
-_C = torch._C
-_to_dlpack: Any = getattr(_C, "_to_dlpack", None) or torch.utils.dlpack.to_dlpack
-_from_dlpack: Any = getattr(_C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+_to_dlpack, _from_dlpack = _tensors.dlpack_pair()
 # Module globals, read when a check is made and when an output is expired: the CPU tests
 # replace them with recording fakes.
-_mark_storage: Any = getattr(_C, "_set_storage_data_ptr_access_error_msg", None)
-_mark_tensor: Any = getattr(_C, "_set_storage_access_error_msg", None)
+_mark_storage, _mark_tensor = _tensors.access_marks()
 _ref = weakref.ref
 
 
@@ -94,7 +93,7 @@ class TorchOutputs:
 
     def expire(self, held: Any, message: str, arguments: Sequence[Any]) -> None:
         if self.by_storage:
-            _mark_storage(held._cdata, message)  # held: the storage object
+            _mark_storage(_tensors.storage_key(held), message)  # held: the storage object
         else:
             _mark_tensor(held, message)  # held: the returned tensor
 

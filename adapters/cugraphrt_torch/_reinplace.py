@@ -22,6 +22,8 @@ from operator import is_not
 
 import torch
 
+from ._internals import ops as _ops
+
 __all__ = ["reinplace_input_mutations"]
 
 _aten = torch.ops.aten
@@ -30,15 +32,13 @@ _aten = torch.ops.aten
 def _inplace_variant(target):
     """``aten.index_copy_.default`` for ``aten.index_copy.default``; None where there is none
     with the same schema (arguments and their order)."""
-    if not isinstance(target, torch._ops.OpOverload) or target.namespace != "aten":
+    if not _ops.is_aten_overload(target):
         return None
-    packet = getattr(_aten, target._schema.name.split("::")[1] + "_", None)
-    overload = getattr(packet, target._overloadname, None) if packet is not None else None
+    packet = getattr(_aten, _ops.op_name(target) + "_", None)
+    overload = getattr(packet, _ops.overload_name(target), None) if packet is not None else None
     if overload is None:
         return None
-    mine = [a.name for a in target._schema.arguments]
-    theirs = [a.name for a in overload._schema.arguments]
-    return overload if mine == theirs else None
+    return overload if _ops.argument_names(target) == _ops.argument_names(overload) else None
 
 
 def reinplace_input_mutations(gm: torch.fx.GraphModule) -> int:

@@ -13,6 +13,9 @@ import torch
 
 from cugraphrt.errors import CugraphrtError
 
+from ._internals import cuda as _cuda_internals
+from ._internals import tensors as _tensors
+
 __all__ = [
     "require_cuda",
     "torch_stream_for",
@@ -35,6 +38,7 @@ _checked = False
 _torch_streams: dict[tuple[int, int], object] = {}
 _cupy_streams: dict[tuple[int, int], cupy.cuda.Stream] = {}
 _CACHE_LIMIT = 64
+_raw_stream = _cuda_internals.raw_stream_reader()  # None on builds without it (CPU)
 
 
 def require_cuda(what: str) -> None:
@@ -49,7 +53,7 @@ def require_cuda(what: str) -> None:
     if _checked:
         return
     available = bool(getattr(torch.cuda, "is_available", lambda: False)())
-    if not available or not hasattr(torch._C, "_cuda_customAllocator"):
+    if not available or not _cuda_internals.has_custom_allocator():
         raise CugraphrtError(
             f"{what} needs a CUDA build of PyTorch and a visible GPU (got torch "
             f"{torch.__version__}, torch.cuda.is_available() = {available}); install a CUDA "
@@ -58,7 +62,7 @@ def require_cuda(what: str) -> None:
     if not hasattr(torch.cuda, "MemPool"):
         raise CugraphrtError(
             f"{what} needs torch.cuda.MemPool (got torch {torch.__version__}); upgrade to "
-            f"torch >= 2.8"
+            f"torch >= 2.11 (the oldest tested: docs/torch.md, \"Versions\")"
         )
     # Initialize torch's CUDA state now: doing it lazily inside a capture would call
     # cudaMalloc and friends, which capture forbids.
@@ -116,10 +120,10 @@ def _wrap_cupy_stream(ptr: int, device: int):
 def current_torch_stream_ptr(device: int) -> int:
     """The raw handle of torch's current stream on ``device``.
 
-    ``torch._C._cuda_getCurrentRawStream`` (what Inductor's generated code calls) avoids
-    building a Stream object; fall back to the public API where it is missing.
+    The raw reader (:func:`_internals.cuda.raw_stream_reader`, what Inductor's generated code
+    calls) avoids building a Stream object; fall back to the public API where it is missing.
     """
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    raw = _raw_stream
     if raw is not None:
         return int(raw(device))
     return int(torch.cuda.current_stream(device).cuda_stream)
@@ -177,19 +181,12 @@ def drop_blas_workspaces() -> None:
     pool lives, whatever torch does to its cache. This is what the graph trees do for their
     own recordings.
     """
-    torch._C._cuda_clearCublasWorkspaces()
+    _cuda_internals.clear_cublas_workspaces()
 
 
-def versions(tensors) -> list[int]:
-    """Each tensor's version counter (``Tensor._version``: torch bumps it at every in-place
-    write, through any view). Tested on torch 2.11 and 2.13."""
-    return [t._version for t in tensors]
-
-
-def moved(tensors, before: list[int]) -> list[bool]:
-    """Per tensor, whether something wrote it in place since ``before`` (:func:`versions`):
-    a capture's torch ops do so as they record, though nothing runs."""
-    return [t._version != v for t, v in zip(tensors, before, strict=True)]
+#: The version counters of tensors and whether they moved: see :mod:`._internals.tensors`.
+versions = _tensors.versions
+moved = _tensors.moved
 
 
 def give_back_warm_up_memory() -> None:

@@ -34,6 +34,7 @@ from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError, ReplayE
 from cugraphrt.options import CaptureOptions, validate_options
 
 from . import _alloc, _collective_mode, _errors, _torch
+from ._internals import cuda as _cuda_internals
 
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture
@@ -208,7 +209,7 @@ class _TorchCapture:
         except TypeError as exc:
             raise CugraphrtError(
                 f"cugraphrt_torch needs torch.cuda.CUDAGraph(keep_graph=True) (got torch "
-                f"{torch.__version__}); upgrade to torch >= 2.8"
+                f"{torch.__version__}); upgrade to torch >= 2.11"
             ) from exc
         self.capture: Capture | None = None
         self.failed: Capture | None = None  # the capture, once aborted
@@ -389,12 +390,10 @@ class _TorchCapture:
 
     def _strand(self) -> None:
         """Give up on this torch graph and its torch pool; never raises."""
-        import torch
-
         _stranded.append(self.torch_graph)
         _alloc.retire(self.pool)
         try:  # torch's allocator may still route allocations to the old pool: stop that
-            torch._C._cuda_endAllocateToPool(self.device, self.mempool.id)
+            _cuda_internals.end_allocate_to_pool(self.device, self.mempool.id)
         except Exception:  # noqa: BLE001 - it was not recording: nothing to stop
             pass
 

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from cugraphrt.adapter import Capture, ControlFrontend, control
 from cugraphrt.errors import CaptureError
 
 from . import _alloc, _errors, _torch
+from ._internals import ops as _ops
 from .dlpack import from_cupy, to_cupy
 
 __all__ = ["while_loop", "cond"]
@@ -105,7 +105,7 @@ class _TorchFrontend(ControlFrontend):
 _FRONTEND = _TorchFrontend()
 
 
-class _NoTorchRandom(TorchDispatchMode):
+class _NoTorchRandom(_ops.TorchDispatchMode):
     """Refuses torch's random draws in loop bodies.
 
     Operations that may draw carry the ``nondeterministic_seeded`` tag; those whose dropout
@@ -140,7 +140,7 @@ def draws(func, args: tuple, kwargs: dict) -> bool:
     """Whether a ``nondeterministic_seeded`` operation draws random numbers with these
     arguments (its schema's defaults filled in)."""
     values = {}
-    for index, argument in enumerate(func._schema.arguments):
+    for index, argument in enumerate(_ops.schema_of(func).arguments):
         if index < len(args) and not argument.kwarg_only:
             values[argument.name] = args[index]
         elif argument.name in kwargs:

@@ -42,6 +42,7 @@ from cugraphrt.distributed import (
 from cugraphrt.errors import CaptureError, OptionsError
 
 from . import _torch
+from ._internals import distributed as _distributed
 
 __all__ = ["check_capture", "capture_stream", "nccl_version", "release_graphs",
            "collective_timeout", "set_collective_timeout"]
@@ -117,7 +118,7 @@ def check_capture(group: Any = None) -> None:
 
 def _bound_device(group: Any) -> int | None:
     """The device a process group was bound to (``init_process_group(device_id=...)``)."""
-    pg = group if group is not None else torch.distributed.distributed_c10d._get_default_group()
+    pg = group if group is not None else _distributed.default_group()
     device = getattr(pg, "bound_device_id", None)
     if device is None:
         return None

@@ -10,13 +10,11 @@ compiled code into a cugraphrt graph and replays it. See ``docs/compile.md``.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Sequence
 from typing import Literal
 
 import torch
-import torch._guards
 from pydantic import Field
 
 from cugraphrt.adapter import Frozen, resolve_buckets
@@ -27,6 +25,7 @@ from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
 from ._eager_kernels import Numerics, compile_inductor
+from ._internals import compile as _compile
 from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
@@ -153,24 +152,23 @@ class _DynamoGraph:
             return self.piece(compiled, graph, inputs, kind, kwargs.get("static_input_idxs"))
 
         # AOTAutograd's cache stores Inductor's output code; a AotGraph is not one.
-        with _no_autograd_cache():
+        with _compile.no_autograd_cache():
             return compile_inductor(gm, example_inputs, numerics, finish)
 
     def compile_aot_eager(self, gm, example_inputs):
-        from torch._dynamo.backends.common import aot_autograd
-        from torch._functorch.aot_autograd import make_boxed_func
-
         def compiler(kind):
             def compile_graph(graph, inputs):
                 if kind == "inference":  # where input mutations stay in the graph
                     reinplace_input_mutations(graph)
-                return self.piece(make_boxed_func(graph.forward), graph, inputs, kind, None)
+                return self.piece(_compile.make_boxed_func(graph.forward), graph, inputs,
+                                  kind, None)
             return compile_graph
 
-        aot = aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                           inference_compiler=compiler("inference"),
-                           keep_inference_input_mutations=True)
-        with _no_autograd_cache():
+        aot = _compile.aot_autograd(fw_compiler=compiler("forward"),
+                                    bw_compiler=compiler("backward"),
+                                    inference_compiler=compiler("inference"),
+                                    keep_inference_input_mutations=True)
+        with _compile.no_autograd_cache():
             return aot(gm, example_inputs)
 
     def piece(self, compiled, graph, inputs, kind: str, static) -> AotGraph:
@@ -233,18 +231,10 @@ def _bucket_sizes(opts: CompileOptions) -> tuple[int, ...] | None:
 
 def _forward_static(count: int) -> list[int]:
     """AOTAutograd's static inputs of the graph being compiled (parameters, buffers, marked)."""
-    context = torch._guards.TracingContext.try_get()
+    context = _compile.tracing_context()
     metadata = getattr(context, "fw_metadata", None) if context is not None else None
     indices = getattr(metadata, "static_input_indices", None)
     return [i for i in indices if i < count] if indices else []
-
-
-@contextlib.contextmanager
-def _no_autograd_cache():
-    from torch._functorch import config as functorch_config
-
-    with functorch_config.patch(enable_autograd_cache=False):
-        yield
 
 
 def compile_report() -> list[AotGraphReport]:

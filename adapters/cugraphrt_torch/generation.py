@@ -30,6 +30,8 @@ from . import _torch
 from ._eager_kernels import Numerics
 from ._generation_options import generator_options
 from ._generation_program import MAX_EOS, GenerationState, Program
+from ._internals import tensors as _tensors
+from ._internals import transformers as _transformers
 from .capture import graph
 from .control import while_loop
 from .cuda_graph import graph_pool_handle
@@ -218,7 +220,7 @@ class Generator:
         reserved = self.pool.stats().reserved_bytes if self.pool is not None else 0
         tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
                    self.state.finished, self.state.eos, self.state.scalars]
-        tensors += [t for layer in self._cache.layers for t in (layer.keys, layer.values)]
+        tensors += _transformers.cache_tensors(self._cache)
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
                               sum(t.numel() * t.element_size() for t in tensors))
@@ -280,7 +282,7 @@ class Generator:
             # prompt (shorter than the cache, counters at 0) keeps the warm-up's writes
             # inside the cache and every value it writes there finite.
             self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
-            torch._foreach_zero_(self._program.counters)
+            _tensors.foreach_zero(self._program.counters)
             (warm or body)()
         torch.cuda.current_stream(self.device).wait_stream(stream)
         cuda_graph = Graph()
@@ -339,11 +341,9 @@ class Generator:
 def _static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
     """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
     (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    sliding = [i for i, layer in enumerate(cache.layers) if getattr(layer, "is_sliding", False)]
-    if sliding or not hasattr(cache.layers[0], "cumulative_length"):
+    cache = _transformers.static_cache(model.config, length)
+    sliding = _transformers.sliding_layers(cache)
+    if sliding or not _transformers.has_write_counters(cache):
         raise OptionsError("model", type(model).__name__,
                            "a model whose every layer has full attention (a StaticCache of "
                            f"StaticLayers; got sliding-window layers {sliding})")

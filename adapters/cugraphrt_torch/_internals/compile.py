@@ -1,0 +1,137 @@
+"""Dynamo, Inductor, AOTAutograd and functorch internals: configuration and entry points.
+
+Tested on torch 2.11 (CUDA, the GPU suite and bench) and 2.11 to 2.14 (CPU). Each is
+imported where called: importing ``torch._dynamo`` or ``torch._inductor`` takes seconds in
+a cold process, and most programs never compile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+__all__ = ["inductor_config", "has_division_rounding", "select_decomp_table",
+           "lowering_table", "fallback_handler", "compile_fx", "compile_fx_inner",
+           "recompile_limit", "dynamo_disable", "aot_autograd", "make_boxed_func",
+           "tracing_context", "no_autograd_cache", "own_code"]
+
+
+def inductor_config() -> Any:
+    """``torch._inductor.config`` (its ``patch`` takes dotted keys)."""
+    import torch._inductor.config as config
+
+    return config
+
+
+def has_division_rounding() -> bool:
+    """Whether Inductor has ``eager_numerics.division_rounding`` (torch 2.10 on: divisions
+    rounded as eager's); without it, the caller keeps eager's division kernels."""
+    return hasattr(getattr(inductor_config(), "eager_numerics", None), "division_rounding")
+
+
+def select_decomp_table() -> dict:
+    """Inductor's decomposition table (``torch._inductor.decomposition.select_decomp_table``;
+    the same since torch 2.0)."""
+    from torch._inductor.decomposition import select_decomp_table as table
+
+    return table()
+
+
+def lowering_table() -> dict:
+    """Inductor's global table of lowerings, op -> handler (``torch._inductor.lowering.
+    lowerings``), which a caller may patch around a compilation and must restore."""
+    from torch._inductor import lowering
+
+    return lowering.lowerings
+
+
+def fallback_handler(op: Any) -> Callable:
+    """A lowering that calls eager's kernel for ``op``, without adding it to Inductor's
+    fallback set (``lowering.fallback_handler(op, add_to_fallback_set=False)``, torch 2.1
+    on)."""
+    from torch._inductor import lowering
+
+    return lowering.fallback_handler(op, add_to_fallback_set=False)
+
+
+def compile_fx(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """``torch._inductor.compile_fx.compile_fx`` (keywords ``inner_compile``,
+    ``config_patches``, ``decompositions``: the same since torch 2.1)."""
+    from torch._inductor.compile_fx import compile_fx as compile
+
+    return compile(gm, example_inputs, **kwargs)
+
+
+def compile_fx_inner(graph: Any, inputs: Any, **kwargs: Any) -> Any:
+    """``torch._inductor.compile_fx.compile_fx_inner``: one graph's compilation, the
+    ``inner_compile`` that :func:`compile_fx` calls by default."""
+    from torch._inductor.compile_fx import compile_fx_inner as inner
+
+    return inner(graph, inputs, **kwargs)
+
+
+@contextlib.contextmanager
+def recompile_limit(at_least: int) -> Iterator[None]:
+    """Inside, dynamo allows at least ``at_least`` compilations per code object: its
+    ``recompile_limit`` (torch 2.6 on), ``cache_size_limit`` before; never lowered."""
+    from torch._dynamo import config
+
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch({name: max(getattr(config, name), at_least)}):
+        yield
+
+
+def dynamo_disable(fn: Callable) -> Callable:
+    """``torch._dynamo.disable(fn)``: ``fn`` runs eagerly even under a compiled caller."""
+    import torch._dynamo
+
+    return torch._dynamo.disable(fn)
+
+
+def aot_autograd(**kwargs: Any) -> Any:
+    """A dynamo backend from forward and backward compilers
+    (``torch._dynamo.backends.common.aot_autograd``; the same since torch 2.0)."""
+    from torch._dynamo.backends.common import aot_autograd as make
+
+    return make(**kwargs)
+
+
+def make_boxed_func(fn: Callable) -> Callable:
+    """``fn`` taking its inputs as one list (``torch._functorch.aot_autograd.
+    make_boxed_func``), as AOTAutograd's compilers must return."""
+    from torch._functorch.aot_autograd import make_boxed_func as boxed
+
+    return boxed(fn)
+
+
+def tracing_context() -> Any:
+    """The compilation's ``torch._guards.TracingContext``, or None outside one
+    (``TracingContext.try_get``, torch 2.1 on)."""
+    import torch._guards
+
+    return torch._guards.TracingContext.try_get()
+
+
+@contextlib.contextmanager
+def no_autograd_cache() -> Iterator[None]:
+    """Inside, AOTAutograd neither reads nor writes its on-disk cache
+    (``torch._functorch.config.enable_autograd_cache``, torch 2.5 on)."""
+    from torch._functorch import config
+
+    with config.patch(enable_autograd_cache=False):
+        yield
+
+
+def own_code(method: Callable) -> Callable:
+    """``method`` bound to the same object, its function on a fresh copy of its code object.
+
+    Dynamo keeps compilations, and counts them against its recompile limit, per code object
+    (torch 2.0 to 2.14): a method compiled through its own copy neither shares another
+    caller's compilations nor counts against their limit, and its compilations go with it.
+    """
+    func = method.__func__  # type: ignore[attr-defined]
+    own = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
+                             func.__defaults__, func.__closure__)
+    return types.MethodType(own, method.__self__)  # type: ignore[attr-defined]
