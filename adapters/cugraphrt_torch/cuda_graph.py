@@ -35,7 +35,8 @@ from cugraphrt.errors import CaptureError, OptionsError, ReplayError
 from cugraphrt.options import CaptureOptions, validate_options
 
 from . import _torch
-from .capture import _Replay, _TorchCapture
+from ._adopted import Replay
+from .capture import _TorchCapture
 
 __all__ = ["CUDAGraph", "graph_pool_handle", "is_current_stream_capturing"]
 
@@ -117,7 +118,7 @@ class CUDAGraph(Graph):
         super().__init__(keep_graph=keep_graph)
         self._session: _TorchCapture | None = None
         self._streams: contextlib.ExitStack | None = None
-        self._torch_replay: _Replay | None = None
+        self._torch_replay: Replay | None = None
         self._replay_fn: Callable[[], None] = _replay_before_capture
         self._debug_mode = False
         self._generator_states: list = []  # read by _TorchCapture for each capture
@@ -224,11 +225,11 @@ class CUDAGraph(Graph):
             self._replay_fn()
             return
         core.ready_exec(self, "replay()")
-        cast(_Replay, self._torch_replay)(stream)  # set by _adopt with the executable
+        cast(Replay, self._torch_replay)(stream)  # set by _adopt with the executable
 
     def _first_replay(self) -> None:
         core.ready_exec(self, "replay()")  # instantiates the kept graph through torch
-        replay = cast(_Replay, self._torch_replay)
+        replay = cast(Replay, self._torch_replay)
         self._replay_fn = replay.on_torch_stream
         replay.on_torch_stream()
 
