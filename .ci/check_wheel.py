@@ -19,7 +19,7 @@ from pathlib import Path
 
 PACKAGES = {"cugraphrt": "cugraphrt", "cugraphrt_torch": "adapters/cugraphrt_torch"}
 ENTRY_POINTS = {"console_scripts": "cugraphrt.cli:main",
-                "torch_dynamo_backends": "cugraphrt_torch.dynamo:backend"}
+                "torch_dynamo_backends": "cugraphrt_torch.compile.dynamo:backend"}
 SDIST_FILES = ["CHANGELOG.md", "README.md", "pyproject.toml", "docs/conf.py", "docs/index.md",
                "examples/capture_cupy_kernels.py", "tests/conftest.py"]
 

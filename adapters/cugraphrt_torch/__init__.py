@@ -27,15 +27,15 @@ from __future__ import annotations
 # The adapter ships in the cugraphrt distribution (pyproject.toml): one version for both.
 from cugraphrt import __version__
 
-from .autograd import make_graphed_callables
-from .bucketed import BucketedModule
-from .capture import graph
-from .control import cond, while_loop
-from .cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_capturing
-from .dlpack import from_cupy, to_cupy
-from .dynamo import CompileOptions, compile_report, format_compile_report
-from .generation import Generator, GeneratorStats
-from .module import GraphedModule, graph_module
+from .autograd.autograd import make_graphed_callables
+from .capture.capture import graph
+from .capture.cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_capturing
+from .capture.dlpack import from_cupy, to_cupy
+from .compile.dynamo import CompileOptions, compile_report, format_compile_report
+from .control.control import cond, while_loop
+from .generation.generation import Generator, GeneratorStats
+from .inference.bucketed import BucketedModule
+from .inference.module import GraphedModule, graph_module
 
 __all__ = ["__version__", "BucketedModule", "CUDAGraph", "CompileOptions", "GraphedModule",
            "Generator", "GeneratorStats", "compile_report", "cond", "format_compile_report",

@@ -3,7 +3,7 @@
 cugraphrt captures and replays CUDA graphs; a *framework* (CuPy, PyTorch, a framework of
 your own over DLPack) owns the arrays, streams and allocator the captured work runs with.
 An adapter implements this interface once, in one module (CuPy's is
-:mod:`cugraphrt._callables.cupy_framework`, torch's ``cugraphrt_torch.framework``), and
+:mod:`cugraphrt._callables.cupy_framework`, torch's ``cugraphrt_torch.capture.framework``), and
 every graphed callable (the call path, shape buckets, the overwritten-output check) runs on
 it. ``docs/adapters.md`` walks through an implementation.
 """

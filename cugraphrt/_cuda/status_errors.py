@@ -13,7 +13,7 @@ refused library call is a ``CaptureError`` *and* a ``NotImplementedError``: eith
 Only the error path makes these: :func:`cugraphrt._cuda.runtime.error_from_status`, the diagnoses of
 :mod:`cugraphrt._capture.diagnose` and the library guards of
 :mod:`cugraphrt._libraries.capture_setup`. The PyTorch
-adapter adds its own peer (``torch.OutOfMemoryError``) in ``cugraphrt_torch._errors``: the
+adapter adds its own peer (``torch.OutOfMemoryError``) in ``cugraphrt_torch.capture._errors``: the
 core never imports torch.
 """
 

@@ -4,7 +4,7 @@ A graph that holds NCCL collectives is a collective object: every rank must have
 same collectives (kind, dtype, count, order, group) and must replay it. cugraphrt records them
 while a capture is underway, framework-neutrally: :class:`cugraphrt.distributed.Collectives`
 records its own calls (CuPy), and ``cugraphrt_torch`` records the ``c10d`` operations torch
-dispatches (see ``cugraphrt_torch._collective_mode``). The record of one capture is a
+dispatches (see ``cugraphrt_torch.capture._collective_mode``). The record of one capture is a
 :class:`CollectiveLog`; it is checked across ranks before the graph's first replay
 (:mod:`cugraphrt.distributed.crossrank`) and, on request, watched during replays
 (:mod:`cugraphrt.distributed.watchdog`).

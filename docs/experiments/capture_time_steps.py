@@ -24,9 +24,9 @@ import time
 
 import cugraphrt_torch
 import torch
-from cugraphrt_torch import _alloc, _torch
-from cugraphrt_torch import capture as _capture_mod
-from cugraphrt_torch import module as _module
+from cugraphrt_torch.capture import _alloc, _torch
+from cugraphrt_torch.capture import capture as _capture_mod
+from cugraphrt_torch.inference import module as _module
 
 from cugraphrt._capture import graphs as _graphs
 from cugraphrt._capture import stream_capture as _stream_capture

@@ -185,7 +185,7 @@ class TorchBackend(ArrayBackend):
     def warm_up(self, run) -> None:
         if self.device.type != "cuda":
             return run()
-        import cugraphrt_torch._torch as _torch
+        import cugraphrt_torch.capture._torch as _torch
 
         import cugraphrt
 

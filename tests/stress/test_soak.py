@@ -152,7 +152,7 @@ def test_torch_capture_replay_reset_cycles(level, figures):
 
 @pytest.mark.xfail(strict=True, reason="known: torch keeps the segments of each reset graph's "
                    "private pool cached until torch.cuda.empty_cache() (measured +2 MiB per "
-                   "cycle on an H100); cugraphrt_torch._alloc would have to release them")
+                   "cycle on an H100); cugraphrt_torch.capture._alloc would have to release them")
 def test_torch_cycles_return_memory_without_empty_cache():
     torch = _require_torch_cuda()
     capture_replay_reset = _torch_cycle_setup(torch)

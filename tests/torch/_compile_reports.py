@@ -14,7 +14,7 @@ class CompileReports:
     def start(self) -> None:
         """Reset dynamo; later pieces are this test's (region numbers only grow)."""
         import torch
-        from cugraphrt_torch import dynamo
+        from cugraphrt_torch.compile import dynamo
 
         torch._dynamo.reset()
         gc.collect()

@@ -20,7 +20,7 @@ def exact_math():
 def capture_stream():
     """cugraphrt's capture stream as a torch stream (warm-ups run there, like captures)."""
     torch = pytest.importorskip("torch")
-    from cugraphrt_torch import _torch
+    from cugraphrt_torch.capture import _torch
 
     import cugraphrt
 

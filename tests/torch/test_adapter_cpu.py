@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _alloc, _errors  # noqa: E402
-from cugraphrt_torch.dlpack import cupy_dtype_name, torch_dtype_for  # noqa: E402
+from cugraphrt_torch.capture import _alloc, _errors  # noqa: E402
+from cugraphrt_torch.capture.dlpack import cupy_dtype_name, torch_dtype_for  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import CaptureError, CugraphrtError, OptionsError, PoolOutOfMemoryError  # noqa: E402

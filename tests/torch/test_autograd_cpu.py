@@ -17,11 +17,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cugraphrt_torch import _autograd_guard  # noqa: E402
-from cugraphrt_torch._autograd_guard import AliasGuard, GradBuffers  # noqa: E402
-from cugraphrt_torch._autograd_plan import ArgPlan, OutputPlan, name_of  # noqa: E402
-from cugraphrt_torch._autograd_runtime import GraphedCallable, graphed_forward  # noqa: E402
-from cugraphrt_torch.autograd import make_graphed_callables  # noqa: E402
+from cugraphrt_torch.autograd import _autograd_guard  # noqa: E402
+from cugraphrt_torch.autograd._autograd_guard import AliasGuard, GradBuffers  # noqa: E402
+from cugraphrt_torch.autograd._autograd_plan import ArgPlan, OutputPlan, name_of  # noqa: E402
+from cugraphrt_torch.autograd._autograd_runtime import GraphedCallable, graphed_forward  # noqa: E402
+from cugraphrt_torch.autograd.autograd import make_graphed_callables  # noqa: E402
 
 from cugraphrt import _tree  # noqa: E402
 from cugraphrt.errors import CugraphrtError, OptionsError, ReplayError  # noqa: E402
@@ -469,7 +469,7 @@ def test_kwargs_and_nested_call_path():
 
 
 def test_foreign_tensors_are_found_and_non_leaf_inputs_end_the_walk():
-    from cugraphrt_torch.autograd import _check_foreign
+    from cugraphrt_torch.autograd.autograd import _check_foreign
 
     weight = torch.nn.Parameter(torch.randn(3, 3))
     x = torch.randn(2, 3, requires_grad=True)

@@ -18,8 +18,8 @@ from tests.conftest import torch_gpu_marks  # noqa: E402
 pytestmark = torch_gpu_marks(torch)
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch._autograd_guard import GradBuffers  # noqa: E402
-from cugraphrt_torch.autograd import make_graphed_callables  # noqa: E402
+from cugraphrt_torch.autograd._autograd_guard import GradBuffers  # noqa: E402
+from cugraphrt_torch.autograd.autograd import make_graphed_callables  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt.errors import OptionsError, ReplayError  # noqa: E402

@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
-from cugraphrt_torch import _alloc  # noqa: E402
+from cugraphrt_torch.capture import _alloc  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from tests.conftest import torch_gpu_marks  # noqa: E402

@@ -19,7 +19,7 @@ dist = torch.distributed
 if not dist.is_available():
     pytest.skip("torch without torch.distributed", allow_module_level=True)
 
-from cugraphrt_torch import _collective_mode, _lifecycle  # noqa: E402
+from cugraphrt_torch.capture import _collective_mode, _lifecycle  # noqa: E402
 
 from cugraphrt.distributed import log as collective_log  # noqa: E402
 from cugraphrt.distributed.log import Collective  # noqa: E402
@@ -118,7 +118,7 @@ def test_shutting_a_group_down_releases_its_graphs_first(world_of_one):
 _TWO_RANKS = """
 import os, sys
 import torch.distributed as dist
-from cugraphrt_torch._collective_mode import TorchExchanger
+from cugraphrt_torch.capture._collective_mode import TorchExchanger
 from cugraphrt.distributed.log import Collective, CollectiveLog
 from cugraphrt import CaptureError
 from cugraphrt.distributed import crossrank

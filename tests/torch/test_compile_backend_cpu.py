@@ -12,7 +12,7 @@ import tomllib
 torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _fx_inspect, dynamo  # noqa: E402
+from cugraphrt_torch.compile import _fx_inspect, dynamo  # noqa: E402
 
 import cugraphrt  # noqa: E402
 
@@ -179,7 +179,7 @@ def test_bucket_options_resolve_to_sizes():
 
 def _dynamic_plans(fn, *args, dims=(0,), train=False):
     """plan_buckets of every AOT graph of fn(*args), with dims of args[0] marked dynamic."""
-    from cugraphrt_torch._aot_graph_buckets import plan_buckets
+    from cugraphrt_torch.compile._aot_graph_buckets import plan_buckets
     from torch._dynamo.backends.common import aot_autograd
     from torch._functorch.aot_autograd import make_boxed_func
 
@@ -244,7 +244,7 @@ def test_plan_refuses_training_pieces():
 
 
 def test_static_addresses_name_the_static_inputs_only():
-    from cugraphrt_torch._aot_graph_buckets import static_addresses
+    from cugraphrt_torch.compile._aot_graph_buckets import static_addresses
 
     a, b = torch.zeros(2), torch.zeros(3)
     assert static_addresses([a, 4, b], [0, 2]) == [a.data_ptr(), None, b.data_ptr()]

@@ -33,7 +33,7 @@ def test_predicate_must_be_a_0d_cuda_tensor(pred, got):
 
 
 def test_the_loop_body_guard_refuses_draws_and_passes_what_does_not_draw():
-    from cugraphrt_torch.control import _NoTorchRandom
+    from cugraphrt_torch.control.control import _NoTorchRandom
 
     F = torch.nn.functional
     q = torch.randn(1, 2, 8, 16)
@@ -52,7 +52,7 @@ def test_the_loop_body_guard_refuses_draws_and_passes_what_does_not_draw():
 
 
 def test_a_compiled_function_stays_compiled_inside_and_after_the_loop_body_guard():
-    from cugraphrt_torch.control import _NoTorchRandom
+    from cugraphrt_torch.control.control import _NoTorchRandom
 
     calls = {"compiles": 0, "compiled": 0}
 

@@ -8,7 +8,7 @@ torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
-from cugraphrt_torch import _alloc  # noqa: E402
+from cugraphrt_torch.capture import _alloc  # noqa: E402
 
 import cugraphrt  # noqa: E402
 import cugraphrt.random as crandom  # noqa: E402

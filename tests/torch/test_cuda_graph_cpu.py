@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _errors, capture, cuda_graph  # noqa: E402
+from cugraphrt_torch.capture import _errors, capture, cuda_graph  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import CaptureError, OptionsError, PoolOutOfMemoryError, ReplayError  # noqa: E402
@@ -128,7 +128,8 @@ def _adopted(graph_class, keep_graph: bool, exec_handle: int):
 
     g._captured, g._device = True, 0  # what Graph._end leaves after a successful capture
     replay = FakeReplay()
-    # What the adapter's capture does at its end (cugraphrt_torch.capture._TorchCapture.end).
+    # What the adapter's capture does at its end (cugraphrt_torch.capture.capture:
+    # _TorchCapture.end).
     adopted = getattr(g, "_adopted", None)
     core.adopt(g, object(), 0x400, exec_handle, route=replay if adopted is None else None,
                instantiate=instantiate)

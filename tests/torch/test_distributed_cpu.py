@@ -7,7 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cugraphrt_torch import _errors, distributed  # noqa: E402
+from cugraphrt_torch.capture import _errors  # noqa: E402
+from cugraphrt_torch.distributed import groups as distributed  # noqa: E402
 
 from cugraphrt import CaptureError, OptionsError  # noqa: E402
 

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
 import cupy  # noqa: E402
-from cugraphrt_torch.dlpack import cupy_dtype_name  # noqa: E402
+from cugraphrt_torch.capture.dlpack import cupy_dtype_name  # noqa: E402
 
 import cugraphrt  # noqa: E402
 from cugraphrt import OptionsError  # noqa: E402

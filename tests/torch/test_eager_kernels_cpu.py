@@ -9,7 +9,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("torch._inductor.lowering")
 
-from cugraphrt_torch import _eager_kernels  # noqa: E402
+from cugraphrt_torch.compile import _eager_kernels  # noqa: E402
 
 aten = torch.ops.aten
 

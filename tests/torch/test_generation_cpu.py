@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cugraphrt_torch import Generator  # noqa: E402
-from cugraphrt_torch._generation_options import multiples, powers  # noqa: E402
+from cugraphrt_torch.generation._generation_options import multiples, powers  # noqa: E402
 
 from cugraphrt.errors import OptionsError  # noqa: E402
 
@@ -172,7 +172,7 @@ def test_each_generator_compiles_its_own_step(monkeypatch):
     # limit: were the steps of two generators one function, the second generator's steps
     # past the limit would run uncompiled (no error, only slower). Each program's step has
     # code of its own. The backend here counts and runs the graph as traced (no C++ build).
-    from cugraphrt_torch import _generation_program
+    from cugraphrt_torch.generation import _generation_program
 
     compiled: list[int] = []
 

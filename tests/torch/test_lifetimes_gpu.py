@@ -193,7 +193,7 @@ def test_compiled_pieces_keep_their_graphs_until_the_code_cache_lets_go(inputs):
     graphs go when it is reset. In a thread of its own, whose pieces get a pool of their own
     (pieces share one pool per thread): what earlier tests compiled stays out of it."""
     import torch._dynamo
-    from cugraphrt_torch import _aot_graph
+    from cugraphrt_torch.compile import _aot_graph
 
     x, w = inputs
     torch._dynamo.reset()

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from cugraphrt_torch._reinplace import reinplace_input_mutations  # noqa: E402
+from cugraphrt_torch.compile._reinplace import reinplace_input_mutations  # noqa: E402
 
 aten = torch.ops.aten
 

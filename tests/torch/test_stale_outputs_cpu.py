@@ -13,23 +13,24 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _output_check, dynamo  # noqa: E402
-from cugraphrt_torch._aot_graph import (  # noqa: E402
-    AotGraph,
-    AotGraphSettings,
-    _CopyIn,
-    _HandOut,
-    _Recording,
-)
-from cugraphrt_torch._output_check import (  # noqa: E402
+from cugraphrt_torch.capture import _output_check  # noqa: E402
+from cugraphrt_torch.capture._output_check import (  # noqa: E402
     FIX_CLONE,
     FIX_COMPILE,
     FIX_COPY,
     checkable,
     make_check,
 )
-from cugraphrt_torch.framework import TORCH  # noqa: E402
-from cugraphrt_torch.module import GraphedModule  # noqa: E402
+from cugraphrt_torch.capture.framework import TORCH  # noqa: E402
+from cugraphrt_torch.compile import dynamo  # noqa: E402
+from cugraphrt_torch.compile._aot_graph import (  # noqa: E402
+    AotGraph,
+    AotGraphSettings,
+    _CopyIn,
+    _HandOut,
+    _Recording,
+)
+from cugraphrt_torch.inference.module import GraphedModule  # noqa: E402
 
 from cugraphrt import OptionsError  # noqa: E402
 from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder  # noqa: E402

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
-from cugraphrt_torch import _output_check  # noqa: E402
+from cugraphrt_torch.capture import _output_check  # noqa: E402
 
 from cugraphrt import OverwrittenOutputError, make_graphed  # noqa: E402
 from tests.conftest import torch_gpu_marks  # noqa: E402

@@ -46,11 +46,11 @@ def test_console_script_runs_the_cli(dist):
 
 def test_dynamo_backend_entry_point_names_the_backend(dist):
     backend = _entry_point(dist, "torch_dynamo_backends")
-    assert backend.value == "cugraphrt_torch.dynamo:backend"
+    assert backend.value == "cugraphrt_torch.compile.dynamo:backend"
     if importlib.util.find_spec("torch") is None:
         pytest.skip("torch is not installed: the entry point is named right, loading it "
                     "needs torch (pip install torch)")
-    from cugraphrt_torch import dynamo
+    from cugraphrt_torch.compile import dynamo
 
     assert backend.load() is dynamo.backend
 

@@ -315,7 +315,7 @@ def _frameworks() -> list:
         sys.path.remove(str(EXAMPLE_ADAPTER))
     found = [adapter.CUPY, cugraphrt_minitensor.MINI]
     try:
-        from cugraphrt_torch.framework import TORCH
+        from cugraphrt_torch.capture.framework import TORCH
     except ImportError:  # torch is not installed here
         return found
     return [*found, TORCH]

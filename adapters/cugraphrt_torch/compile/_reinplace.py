@@ -22,7 +22,7 @@ from operator import is_not
 
 import torch
 
-from ._internals import ops as _ops
+from .._internals import ops as _ops
 
 __all__ = ["reinplace_input_mutations"]
 

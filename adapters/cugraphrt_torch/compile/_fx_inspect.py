@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
-from ._internals import ops as _ops
+from .._internals import ops as _ops
 
 __all__ = ["mutated_inputs", "uncapturable_reason", "placeholder_names"]
 

@@ -13,8 +13,8 @@ import torch
 
 from cugraphrt.errors import CugraphrtError
 
-from ._internals import cuda as _cuda_internals
-from ._internals import tensors as _tensors
+from .._internals import cuda as _cuda_internals
+from .._internals import tensors as _tensors
 
 __all__ = [
     "require_cuda",

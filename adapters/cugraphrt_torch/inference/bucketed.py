@@ -18,10 +18,10 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import Bucketed, CapturedBucket, instantiate_measured, order_for
 from cugraphrt.errors import ReplayError
 
-from . import _torch
-from ._output_check import FIX_COPY, make_check
-from .capture import graph
-from .framework import TORCH
+from ..capture import _torch
+from ..capture._output_check import FIX_COPY, make_check
+from ..capture.capture import graph
+from ..capture.framework import TORCH
 
 __all__ = ["BucketedModule"]
 

@@ -33,7 +33,7 @@ from cugraphrt.adapter import capture_activity
 from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.errors import PoolOutOfMemoryError
 
-from ._internals import cuda as _cuda_internals
+from .._internals import cuda as _cuda_internals
 
 __all__ = ["register", "unregister", "pool_error", "torch_mempool", "release", "retire",
            "allocator", "hold", "sweep_when_safe", "is_torch_capture", "body_pool",

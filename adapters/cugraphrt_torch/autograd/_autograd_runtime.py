@@ -24,9 +24,9 @@ from cugraphrt import adapter as core
 from cugraphrt.adapter import CallPath, OutputCheck
 from cugraphrt.errors import ReplayError
 
+from .._internals import autograd as _autograd_internals
 from ._autograd_guard import AliasGuard, GradBuffers
 from ._autograd_plan import ArgPlan, OutputPlan
-from ._internals import autograd as _autograd_internals
 
 __all__ = ["GraphedCallable", "graphed_forward"]
 

@@ -23,7 +23,7 @@ import threading
 
 from cugraphrt.adapter import collectives as _collectives
 
-from ._internals import distributed as _distributed
+from .._internals import distributed as _distributed
 
 __all__ = ["install"]
 

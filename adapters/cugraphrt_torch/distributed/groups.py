@@ -41,8 +41,8 @@ from cugraphrt.distributed import (
 )
 from cugraphrt.errors import CaptureError, OptionsError
 
-from . import _torch
-from ._internals import distributed as _distributed
+from .._internals import distributed as _distributed
+from ..capture import _torch
 
 __all__ = ["check_capture", "capture_stream", "nccl_version", "release_graphs",
            "collective_timeout", "set_collective_timeout"]

@@ -34,7 +34,7 @@ import torch
 
 from cugraphrt.adapter import OutputCheck, OverwriteOrder, resolve_check_outputs
 
-from ._internals import tensors as _tensors
+from .._internals import tensors as _tensors
 
 __all__ = ["FIX_CLONE", "FIX_COMPILE", "FIX_COPY", "available", "checkable", "make_check",
            "TorchOutputs"]

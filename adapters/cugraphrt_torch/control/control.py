@@ -24,9 +24,9 @@ import torch
 from cugraphrt.adapter import Capture, ControlFrontend, control
 from cugraphrt.errors import CaptureError
 
-from . import _alloc, _errors, _torch
-from ._internals import ops as _ops
-from .dlpack import from_cupy, to_cupy
+from .._internals import ops as _ops
+from ..capture import _alloc, _errors, _torch
+from ..capture.dlpack import from_cupy, to_cupy
 
 __all__ = ["while_loop", "cond"]
 

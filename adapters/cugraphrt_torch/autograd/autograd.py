@@ -16,10 +16,11 @@ import cugraphrt
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import CugraphrtError, OptionsError
 
+from ..capture._output_check import FIX_CLONE, checkable, make_check
+from ..capture.capture import graph as capture_graph
 from ._autograd_guard import guard_for
 from ._autograd_plan import ArgPlan, OutputPlan, check_module, describe, name_of, normalize
 from ._autograd_runtime import GraphedCallable, autocast_state, graphed_forward
-from ._output_check import FIX_CLONE, checkable, make_check
 
 if TYPE_CHECKING:
     from ._autograd_guard import AliasGuard
@@ -258,7 +259,7 @@ def _warm_up(work: list[_Work], iterations: int, allow_unused: bool) -> None:
     # modules) happens outside the capture. On the capture stream itself, current for torch
     # and CuPy: library workspaces are per stream, and one created inside a capture would be
     # carved from the graph pool and held by torch for the stream's life.
-    from . import _torch
+    from ..capture import _torch
 
     device = torch.cuda.current_device()
     cupy_stream, side = _torch.stream_pair(None, device)
@@ -280,13 +281,11 @@ def _warm_up(work: list[_Work], iterations: int, allow_unused: bool) -> None:
 
 def _capture(work: list[_Work], pool, allow_unused: bool):
     """Forward graphs in call order, then backward graphs in reverse, into one pool."""
-    import cugraphrt_torch  # the adapter's capture, imported when first needed
-
     mem = pool
     guard: AliasGuard | None = None
     for item in work:
         graph = cugraphrt.Graph()
-        with cugraphrt_torch.graph(graph, pool=mem):
+        with capture_graph(graph, pool=mem):
             outputs = item.call()
         mem = mem if mem is not None else graph.pool()
         guard = guard or guard_for(mem)
@@ -303,7 +302,7 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
         if not (diff and targets):
             continue
         graph = cugraphrt.Graph()
-        with cugraphrt_torch.graph(graph, pool=mem):
+        with capture_graph(graph, pool=mem):
             grads = torch.autograd.grad(diff, [t for t, _ in targets],
                                         grad_outputs=item.grad_outputs, allow_unused=True)
         item.bwd_graph, item.bwd_seq = graph, cast("AliasGuard", guard).next_seq()  # set above

@@ -21,11 +21,11 @@ from cugraphrt.adapter import Frozen, resolve_buckets
 from cugraphrt.errors import OptionsError
 from cugraphrt.options import validate_options
 
+from .._internals import compile as _compile
 from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
 from ._eager_kernels import Numerics, compile_inductor
-from ._internals import compile as _compile
 from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]

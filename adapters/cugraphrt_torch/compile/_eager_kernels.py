@@ -37,7 +37,7 @@ import torch
 
 from cugraphrt.errors import OptionsError
 
-from ._internals import compile as _compile
+from .._internals import compile as _compile
 
 __all__ = ["EAGER_KERNEL_OPS", "Numerics", "check_inference", "compile_inductor",
            "inductor_backend", "inductor_settings", "eager_kernel_lowerings"]

@@ -53,7 +53,7 @@ import torch
 
 from cugraphrt.adapter import OverwriteOrder, order_for
 
-from ._internals import tensors as _tensors
+from .._internals import tensors as _tensors
 
 __all__ = ["AliasGuard", "GradBuffers", "guard_for", "use_count_available"]
 

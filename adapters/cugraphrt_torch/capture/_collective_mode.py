@@ -29,9 +29,9 @@ import torch
 from cugraphrt.adapter import collectives as _collectives
 from cugraphrt.adapter import control as _control
 
+from .._internals import distributed as _distributed
+from .._internals import ops as _ops
 from . import _torch
-from ._internals import distributed as _distributed
-from ._internals import ops as _ops
 
 __all__ = ["prepare", "recording", "arm", "describe_op", "TorchExchanger"]
 

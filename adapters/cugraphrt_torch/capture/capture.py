@@ -31,9 +31,9 @@ from cugraphrt.adapter import resolve_pool as _resolve_pool
 from cugraphrt.errors import CaptureError, CugraphrtError, OptionsError
 from cugraphrt.options import CaptureOptions, validate_options
 
+from .._internals import cuda as _cuda_internals
 from . import _alloc, _collective_mode, _errors, _torch
 from ._adopted import Instantiate, Owner, Replay
-from ._internals import cuda as _cuda_internals
 
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture

@@ -28,9 +28,9 @@ import torch
 from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import Bucketed, CapturedBucket, order_for
 
-from ._output_check import FIX_COMPILE, make_check
-from .capture import graph as _capture
-from .framework import TORCH
+from ..capture._output_check import FIX_COMPILE, make_check
+from ..capture.capture import graph as _capture
+from ..capture.framework import TORCH
 
 __all__ = ["BucketPlan", "AotGraphBuckets", "plan_buckets"]
 

@@ -26,15 +26,15 @@ import torch
 from cugraphrt import Graph, MemPool, default_capture_stream
 from cugraphrt.errors import OptionsError
 
-from . import _torch
-from ._eager_kernels import Numerics
+from .._internals import tensors as _tensors
+from .._internals import transformers as _transformers
+from ..capture import _torch
+from ..capture.capture import graph
+from ..capture.cuda_graph import graph_pool_handle
+from ..compile._eager_kernels import Numerics
+from ..control.control import while_loop
 from ._generation_options import generator_options
 from ._generation_program import MAX_EOS, GenerationState, Program
-from ._internals import tensors as _tensors
-from ._internals import transformers as _transformers
-from .capture import graph
-from .control import while_loop
-from .cuda_graph import graph_pool_handle
 
 __all__ = ["Generator", "GeneratorStats"]
 

@@ -26,11 +26,11 @@ from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import MakeGraphedOptions, validate_options
 
-from . import _torch
-from ._output_check import FIX_COPY, checkable, make_check
+from ..capture import _torch
+from ..capture._output_check import FIX_COPY, checkable, make_check
+from ..capture.capture import graph, warmed_graph
+from ..capture.framework import TORCH
 from .bucketed import BucketedModule
-from .capture import graph, warmed_graph
-from .framework import TORCH
 
 __all__ = ["graph_module", "GraphedModule"]
 

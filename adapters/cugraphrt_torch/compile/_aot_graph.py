@@ -29,11 +29,11 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import CallPath, HandOut, OutputCheck, OverwriteOrder, order_for
 from cugraphrt.errors import CaptureError, CugraphrtError, ReplayError
 
+from .._internals import tensors as _tensors
+from ..capture._output_check import FIX_COMPILE, checkable, make_check
+from ..capture.capture import graph as _capture
+from ..capture.framework import TORCH
 from ._aot_graph_buckets import AotGraphBuckets, static_addresses
-from ._internals import tensors as _tensors
-from ._output_check import FIX_COMPILE, checkable, make_check
-from .capture import graph as _capture
-from .framework import TORCH
 
 __all__ = ["AotGraph", "AotGraphReport", "AotGraphSettings", "live_aot_graphs", "shared_pool"]
 

@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from ._eager_kernels import Numerics, inductor_backend
-from ._internals import compile as _compile
-from ._internals import tensors as _tensors
-from ._internals import transformers as _transformers
+from .._internals import compile as _compile
+from .._internals import tensors as _tensors
+from .._internals import transformers as _transformers
+from ..compile._eager_kernels import Numerics, inductor_backend
 
 __all__ = ["GenerationState", "Program", "cache_views", "MAX_EOS"]
 
