@@ -13,7 +13,8 @@ streams, capture). What the core **offers** it, in four groups:
   :func:`load_step` (the ``load`` step for ``inputs="copy"`` or ``"rebind"``, with
   :func:`plan_for`, :func:`rebind_step`, :func:`with_write_back` (the replay that copies
   written inputs back), :func:`byte_extent`, :func:`check_inputs_mode`);
-  shape buckets (:class:`Bucketed`, :class:`CapturedBucket`, :func:`resolve_buckets`); the
+  shape buckets (:class:`Bucketed`, :class:`CapturedBucket`, :func:`resolve_buckets`, and the
+  one rule for lists of sizes: :func:`checked_sizes`, :func:`doubling`, :func:`stepping`); the
   overwritten-output check (:class:`OutputCheck`, :class:`OutputOps`,
   :class:`OverwriteOrder`, :func:`order_for`, :func:`resolve_check_outputs`).
 * **Capture hooks**, for a framework that must own the CUDA-level capture (torch does: its
@@ -44,7 +45,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from cugraphrt import _tree
-from cugraphrt._callables.bucket_plan import resolve_buckets
+from cugraphrt._callables.bucket_plan import checked_sizes, doubling, resolve_buckets, stepping
 from cugraphrt._callables.bucket_table import CapturedBucket, instantiate_measured
 from cugraphrt._callables.buckets import Bucketed
 from cugraphrt._callables.call_path import CallPath, CopyIn, HandOut, Mismatch
@@ -97,7 +98,8 @@ __all__ = [
     # callables
     "CallPath", "CopyIn", "HandOut", "Mismatch", "Bucketed", "CapturedBucket",
     "instantiate_measured",
-    "resolve_buckets", "load_step", "plan_for", "rebind_step", "with_write_back", "byte_extent",
+    "resolve_buckets", "checked_sizes", "doubling", "stepping",
+    "load_step", "plan_for", "rebind_step", "with_write_back", "byte_extent",
     "INPUT_MODES",
     "check_inputs_mode", "OutputCheck", "OutputOps", "OverwriteOrder", "order_for",
     "resolve_check_outputs", "CHECK_OUTPUTS_ENV",

@@ -17,7 +17,7 @@
 * :func:`make_graphed_callables`: forward and backward graphs for training, a drop-in for
   ``torch.cuda.make_graphed_callables`` that accumulates gradients safely.
 * ``torch.compile(model, backend="cugraphrt")``: compiled code replayed as cugraphrt graphs
-  (:mod:`cugraphrt_torch.dynamo`); :func:`compile_report` says what was graphed.
+  (:mod:`cugraphrt_torch.compile.dynamo`); :func:`compile_report` says what was graphed.
 
 See ``docs/torch.md`` and ``docs/training.md`` for the design, and ``examples/``.
 """

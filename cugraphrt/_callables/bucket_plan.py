@@ -17,8 +17,8 @@ from cugraphrt.errors import OptionsError
 if TYPE_CHECKING:
     from cugraphrt._callables.framework import Framework as ArrayOps
 
-__all__ = ["Slot", "bucket_sizes", "check_budget", "check_pad", "leaf_dims",
-           "make_slot", "resolve_buckets", "rows", "sample_size"]
+__all__ = ["Slot", "bucket_sizes", "check_budget", "check_pad", "checked_sizes", "doubling",
+           "leaf_dims", "make_slot", "resolve_buckets", "rows", "sample_size", "stepping"]
 
 
 def resolve_buckets(buckets: Any, sample_size: int) -> tuple[int, ...]:
@@ -38,24 +38,48 @@ def resolve_buckets(buckets: Any, sample_size: int) -> tuple[int, ...]:
         if sample_size < 1:
             raise OptionsError("sample_args", f"dynamic size {sample_size}",
                                "a sample whose dynamic dimension is at least 1 for 'pow2'")
-        sizes = []
-        size = 1
-        while size <= sample_size:
-            sizes.append(size)
-            size *= 2
-        if sizes[-1] != sample_size:
-            sizes.append(sample_size)
-        return tuple(sizes)
-    if not isinstance(buckets, (list, tuple)) or not buckets:
-        raise OptionsError("buckets", buckets, "'pow2' or a non-empty sorted list of positive "
-                           "sizes")
-    for size in buckets:
+        return doubling(1, sample_size)
+    return checked_sizes("buckets", buckets, "'pow2' or ")
+
+
+def checked_sizes(name: str, sizes: Any, alternatives: str = "") -> tuple[int, ...]:
+    """``sizes`` as a tuple, if it is a non-empty, strictly increasing sequence of positive
+    ints: the one rule for every list of bucket sizes (``make_graphed``'s, ``graph_module``'s,
+    the torch ``Generator``'s). Lists are never sorted for the caller: an unsorted one is more
+    likely a mistake than an order that does not matter.
+
+    Raises
+    ------
+    OptionsError
+        Naming the option ``name``; ``alternatives`` ("'pow2' or ") says what else it takes.
+    """
+    if not isinstance(sizes, (list, tuple)) or not sizes:
+        raise OptionsError(name, sizes, f"{alternatives}a non-empty sorted list of positive "
+                           f"sizes")
+    for size in sizes:
         if type(size) is not int or size < 1:
-            raise OptionsError("buckets", buckets, f"positive ints (got {size!r})")
-    if any(a >= b for a, b in zip(buckets, buckets[1:])):  # noqa: B905 - pairwise
-        raise OptionsError("buckets", buckets, "a strictly increasing list of sizes (sorted, "
-                           "no repeats)")
-    return tuple(buckets)
+            raise OptionsError(name, sizes, f"positive ints (got {size!r})")
+    if any(a >= b for a, b in zip(sizes, sizes[1:])):  # noqa: B905 - pairwise
+        raise OptionsError(name, sizes, "a strictly increasing list of sizes (sorted, no "
+                           "repeats)")
+    return tuple(sizes)
+
+
+def doubling(smallest: int, largest: int) -> tuple[int, ...]:
+    """``smallest``, twice that, four times, ... below ``largest``, then ``largest``: the
+    buckets of ``"pow2"`` (from 1) and the torch Generator's prompt buckets (from 16)."""
+    sizes, size = [], smallest
+    while size < largest:
+        sizes.append(size)
+        size *= 2
+    sizes.append(largest)
+    return tuple(sizes)
+
+
+def stepping(step: int, largest: int) -> tuple[int, ...]:
+    """``step``, 2 ``step``, 3 ``step``, ... below ``largest``, then ``largest`` (the torch
+    Generator's cache buckets: as many 64-key blocks as eager's growing cache has)."""
+    return (*range(step, largest, step), largest)
 
 
 def bucket_sizes(buckets: tuple[int, ...]) -> list[int]:

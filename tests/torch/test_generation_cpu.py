@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from cugraphrt_torch import Generator  # noqa: E402
-from cugraphrt_torch.generation._generation_options import multiples, powers  # noqa: E402
 
+from cugraphrt.adapter import doubling, stepping  # noqa: E402
 from cugraphrt.errors import OptionsError  # noqa: E402
 
 from ._generation_prompts import prompts  # noqa: E402
@@ -29,6 +29,11 @@ class _Tiny(torch.nn.Module):
     (dict(max_length=64, chunk=0), "chunk"),
     (dict(max_length=64, batch_buckets=()), "batch_buckets"),
     (dict(max_length=64, batch_buckets=(1, 0)), "batch_buckets"),
+    # The one rule for bucket lists (cugraphrt.adapter.checked_sizes, as make_graphed's):
+    # an unsorted or repeated list is refused, never sorted behind the caller's back.
+    (dict(max_length=64, batch_buckets=(4, 2, 1)), "batch_buckets"),
+    (dict(max_length=64, prompt_buckets=(16, 16)), "prompt_buckets"),
+    (dict(max_length=64, cache_buckets=(64, 32)), "cache_buckets"),
     (dict(max_length=64, prompt_buckets=(16, 128)), "prompt_buckets"),
     (dict(max_length=64, cache_buckets=(8,), prompt_buckets=(16,)), "cache_buckets"),
     (dict(max_length=64, graphed="yes"), "graphed"),
@@ -43,10 +48,10 @@ def test_bad_options_are_refused(kwargs, field):
 
 
 def test_default_buckets():
-    assert powers(16, 300) == (16, 32, 64, 128, 256, 300)
-    assert powers(16, 16) == (16,)
-    assert multiples(64, 272) == (64, 128, 192, 256, 272)
-    assert multiples(64, 64) == (64,)
+    assert doubling(16, 300) == (16, 32, 64, 128, 256, 300)
+    assert doubling(16, 16) == (16,)
+    assert stepping(64, 272) == (64, 128, 192, 256, 272)
+    assert stepping(64, 64) == (64,)
 
 
 # -- the program, eagerly, against transformers ------------------------------------------------

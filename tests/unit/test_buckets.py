@@ -16,6 +16,7 @@ import pytest
 
 from cugraphrt import BucketStats, MemPool, OptionsError, ReplayError
 from cugraphrt._callables.buckets import Bucketed, CapturedBucket, resolve_buckets
+from cugraphrt.adapter import checked_sizes, doubling, stepping
 
 from .fakes import FakeBackingAllocator
 
@@ -128,6 +129,22 @@ def test_resolve_buckets():
     for bad in ([], [4, 2], [2, 2], [0, 4], [1.5], "pow3", 8):
         with pytest.raises(OptionsError, match="buckets"):
             resolve_buckets(bad, 8)
+
+
+def test_one_rule_for_lists_of_sizes():
+    # What resolve_buckets and the torch Generator check a list with (cugraphrt.adapter).
+    assert checked_sizes("cache_buckets", [16, 24, 64]) == (16, 24, 64)
+    with pytest.raises(OptionsError, match="strictly increasing") as info:
+        checked_sizes("batch_buckets", (4, 2, 1))
+    assert info.value.field == "batch_buckets"
+    # "pow2" is doubling from 1: every power of two up to the sample size, then the size.
+    for n in range(1, 70):
+        assert resolve_buckets("pow2", n) == doubling(1, n)
+        expected = [1 << k for k in range(n.bit_length()) if 1 << k < n] + [n]
+        assert list(doubling(1, n)) == expected
+    assert doubling(16, 300) == (16, 32, 64, 128, 256, 300)
+    assert stepping(64, 272) == (64, 128, 192, 256, 272)
+    assert stepping(64, 64) == (64,)
 
 
 def test_every_size_equals_numpy_on_the_unpadded_input():

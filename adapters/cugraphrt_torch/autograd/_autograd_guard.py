@@ -32,7 +32,8 @@ it as scratch. Hence a replay of the graph captured ``seq``-th can overwrite the
 graphs captured at or after ``seq`` in the same pool, and the guard settles only those. That
 rule, and the per-pool list of what is pending, is
 :class:`cugraphrt.adapter.OverwriteOrder`,
-which the check of overwritten forward outputs (:mod:`cugraphrt_torch._output_check`) shares:
+which the check of overwritten forward outputs
+(:mod:`cugraphrt_torch.capture._output_check`) shares:
 ``AliasGuard`` is its name here.
 
 The pool's pending list holds a :class:`_Watch` of the buffers, never the buffers: a graphed

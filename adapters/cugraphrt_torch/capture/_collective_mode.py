@@ -10,7 +10,7 @@ autograd engine runs a backward with the thread-local state of the thread that c
 capture's :class:`~cugraphrt.distributed.log.CollectiveLog`; when the capture ends the graph is
 armed (:func:`arm`): checked across ranks through the process group's store before its first
 replay, watched afterwards if a collective timeout is set, and released before its process
-group shuts down (see :mod:`cugraphrt_torch._lifecycle`).
+group shuts down (see :mod:`cugraphrt_torch.capture._lifecycle`).
 
 The mode is only active while ``torch.distributed`` is initialized; set
 ``CUGRAPHRT_CHECK_COLLECTIVES=0`` to turn recording off (no check, no release).

@@ -6,7 +6,7 @@ begun and ended through the core's capture hooks (:mod:`cugraphrt.adapter`: ``be
 and torch. Torch must own the capture: only its ``capture_begin``/``replay`` make the CUDA
 RNG graph-safe (a fresh philox offset on every replay), and only its ``capture_begin`` tells
 its caching allocator which pool to allocate from. That pool is a ``torch.cuda.MemPool``
-whose segments come from the cugraphrt pool (see :mod:`cugraphrt_torch._alloc`), and CuPy's
+whose segments come from the cugraphrt pool (see :mod:`cugraphrt_torch.capture._alloc`), and CuPy's
 allocations go to the same cugraphrt pool through the core's router.
 
 Failures. Torch skips its allocator bookkeeping when ``capture_end`` fails (the pool stays

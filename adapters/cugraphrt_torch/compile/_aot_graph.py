@@ -52,7 +52,7 @@ _foreach_copy = _tensors.foreach_copy
 
 @dataclass(frozen=True)
 class AotGraphSettings:
-    """The backend options a piece needs (validated by :mod:`cugraphrt_torch.dynamo`)."""
+    """The backend options a piece needs (validated by :mod:`cugraphrt_torch.compile.dynamo`)."""
 
     warmup: int
     max_graphs: int

@@ -191,7 +191,8 @@ class _Calls:
 
 
 class AotGraphBuckets:
-    """The bucket graphs of one piece; :class:`~cugraphrt_torch._aot_graph.AotGraph` calls them.
+    """The bucket graphs of one piece; :class:`~cugraphrt_torch.compile._aot_graph.AotGraph`
+    calls them.
 
     Built on the piece's first call that a bucket serves, from that call's tensors (the core
     samples the static buffers from them). Static inputs are read in place by every bucket's

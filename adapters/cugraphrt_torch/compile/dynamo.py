@@ -4,8 +4,8 @@
 ``torch_dynamo_backends`` entry point, so no import is needed. Dynamo hands the backend one
 FX graph per region between graph breaks; AOTAutograd splits each into an inference graph, or
 a forward and a backward graph; each of those is compiled (by Inductor, or by ``aot_eager``'s
-FX interpreter) and becomes a :class:`~cugraphrt_torch._aot_graph.AotGraph`, which captures the
-compiled code into a cugraphrt graph and replays it. See ``docs/compile.md``.
+FX interpreter) and becomes a :class:`~cugraphrt_torch.compile._aot_graph.AotGraph`, which captures
+the compiled code into a cugraphrt graph and replays it. See ``docs/compile.md``.
 """
 
 from __future__ import annotations

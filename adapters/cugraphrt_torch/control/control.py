@@ -6,7 +6,7 @@ part in capturing their bodies, inside :class:`cugraphrt_torch.graph`:
 * torch's current stream is the body stream, so torch sees the body as capturing (its RNG and
   allocator take their capture paths);
 * torch's allocations in a body go to a torch MemPool of its own, built on the capture's
-  cugraphrt pool like the graph's (:func:`cugraphrt_torch._alloc.body_pool`): torch routes a
+  cugraphrt pool like the graph's (:func:`cugraphrt_torch.capture._alloc.body_pool`): torch routes a
   capture's allocations by its CUDA capture id, and a body is captured under another id;
 * torch's CUDA RNG is refused in loop bodies: torch fixes each draw's philox offset when it
   captures the draw, so a loop body would draw the same numbers on every iteration. In a

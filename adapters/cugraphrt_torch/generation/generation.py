@@ -84,7 +84,8 @@ class Generator:
         positions for the largest batch bucket.
     batch_buckets : sequence of int, default (1, 2, 4, 8)
         Batch sizes with graphs of their own; a batch runs in the smallest bucket that holds
-        it (its extra rows repeat its last sequence, finished from the start).
+        it (its extra rows repeat its last sequence, finished from the start). Every bucket
+        list is strictly increasing, as ``make_graphed``'s ``buckets`` (never sorted for you).
     prompt_buckets : sequence of int, optional
         Prompt lengths with prefill graphs of their own; a prompt is right-padded to the
         smallest that holds it. Default: 16, 32, 64, ... up to ``max_length``.
