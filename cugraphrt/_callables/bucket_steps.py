@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from cugraphrt import _tree
+from cugraphrt._callables.bucket_family import BucketFamily
 from cugraphrt._callables.bucket_plan import rows
 from cugraphrt._callables.call_path import CallPath, HandOut
 from cugraphrt._callables.rebind import (
@@ -30,8 +31,9 @@ class BucketSteps:
     """The load and hand-out steps of one bucket's call path.
 
     They copy a call of size ``n`` into the bucket's static buffers (padding the rows past
-    ``n``) and hand out the outputs cut to ``n`` rows. They reach what they need, never the
-    :class:`Bucketed` (which holds them: see its docstring).
+    ``n``) and hand out the outputs cut to ``n`` rows. They read the family's
+    :class:`~cugraphrt._callables.bucket_family.BucketFamily`, never the :class:`Bucketed`
+    (which holds them: see its docstring).
     """
 
     __slots__ = ("_size", "_use", "_hand_outs", "_slots", "_statics", "_ops", "_pad_fn",
@@ -39,22 +41,24 @@ class BucketSteps:
                  "_seq", "_replay", "_rebind", "_home", "_slot_back", "_static_back",
                  "_copied", "copied", "writes", "_pool", "_address")
 
-    def __init__(self, owner: Any, bucket: Any, entry: Any) -> None:
-        # The bucket holds the path that holds these steps: they hold its parts, not it.
+    def __init__(self, family: BucketFamily, bucket: Any, entry: Any) -> None:
+        # The bucket holds the path that holds these steps: they hold its parts and the
+        # family's (a value object), never the Bucketed that holds the bucket.
         self._size = bucket.size
         self._use = bucket.use
         self._hand_outs = bucket.outputs_by_n
-        self._slots = owner._slots
-        self._statics = owner._statics
-        self._ops = owner._ops
-        self._pad_fn = owner._pad_fn
-        self._pad_value = owner._pad_value
-        self._clock = owner._clock
-        self._probe = owner._probe
+        # Read on every call: kept as attributes of these steps.
+        self._slots = family.slots
+        self._statics = family.statics
+        self._ops = family.ops
+        self._pad_fn = family.pad_fn
+        self._pad_value = family.pad_value
+        self._clock = family.clock
+        self._probe = family.probe
         self._outputs = entry.outputs
-        self._output_dims = owner._output_dims
-        self._copy = owner._copy_outputs
-        self._check = owner._check
+        self._output_dims = family.output_dims
+        self._copy = family.copy_outputs
+        self._check = family.check
         self._seq = entry.seq
         self._replay = entry.replay
         # inputs="rebind": a call of the bucket's own size points the graph at its arrays;
@@ -68,23 +72,23 @@ class BucketSteps:
         self._static_back: tuple = ()
         self._copied: list = []
         self.copied: list = self._copied
-        if owner._inputs == "rebind" and entry.graph is not None:
-            home = owner._bucket_leaves(bucket.size)
+        if family.inputs == "rebind" and entry.graph is not None:
+            home = family.bucket_leaves(bucket.size)
             paths = [f"args[{i}]" for i in range(len(home))]
-            plan = plan_for(owner._ops, home, paths, entry.graph,
+            plan = plan_for(family.ops, home, paths, entry.graph,
                             _tree.flatten(entry.outputs, "output")[0], written=entry.written)
-            step = rebind_step(owner._ops, home, paths, entry.graph, plan,
-                               f"{owner._name}, bucket {bucket.size}", strict=owner._strict)
+            step = rebind_step(family.ops, home, paths, entry.graph, plan,
+                               f"{family.name}, bucket {bucket.size}", strict=family.strict)
             if isinstance(step, RebindIn):
                 self._rebind, self._home = step, home
-            arrays = [i for i, leaf in enumerate(home) if isinstance(leaf, owner._ops.array_type)]
+            arrays = [i for i, leaf in enumerate(home) if isinstance(leaf, family.ops.array_type)]
             writes = {i for i, w in zip(arrays, plan.written, strict=True) if w}
             self._slot_back = tuple(slot for slot in self._slots if slot.index in writes)
             self._static_back = tuple((index, static) for index, static, *_ in self._statics
                                       if index in writes)
         self.writes = bool(self._slot_back or self._static_back)
-        self._pool = owner.pool
-        self._address: Any = owner._ops.address if self.writes else None
+        self._pool = family.pool
+        self._address: Any = family.ops.address if self.writes else None
 
     def path(self, order: OverwriteOrder) -> CallPath:
         """The bucket's call path, over these steps."""

@@ -50,6 +50,7 @@ from time import perf_counter
 from typing import Any
 
 from cugraphrt import _tree
+from cugraphrt._callables.bucket_family import BucketFamily
 from cugraphrt._callables.bucket_plan import (
     Slot,
     bucket_sizes,
@@ -97,8 +98,6 @@ class Bucketed:
         # output_dims: per output leaf, the dimension that carries the dynamic size (None:
         # never cut), for front ends that know it; otherwise leaves whose dynamic_dim equals
         # the bucket size are cut. check: makes the overwritten-output check of the pool.
-        self._output_dims = None if output_dims is None else tuple(output_dims)
-        self._inputs = check_inputs_mode(inputs)  # "rebind": calls of a bucket's own size
         self._ops = ops
         self._capture_fn = capture
         # capture(args, pool) from an adapter written before ``warm`` existed: it warms up
@@ -106,11 +105,8 @@ class Bucketed:
         self._takes_warm = takes_warm(capture)
         self._trim = trim
         self._eager = eager
-        self._name = name
-        self._strict = bool(strict)
-        self._copy_outputs = bool(copy_outputs)
         self._budget = check_budget(memory_budget)
-        self._pad_value, self._pad_fn = check_pad(pad)
+        pad_value, pad_fn = check_pad(pad)
         # Outputs share memory only in a pool of the family's own (see the module docstring).
         shares = pool is None if share_outputs is None else bool(share_outputs)
         self._shares_outputs = shares and hasattr(ops, "unowned")
@@ -120,7 +116,6 @@ class Bucketed:
         self._family_seq = order_for(self.pool).next_seq() if self._shares_outputs else None
         self._predicted: int | None = None
         self._warmed = False  # whether a capture of the family ran its warm-ups
-        self._check = check(self.pool) if check is not None else None
         leaves, self._spec, paths = _tree.flatten(sample_args, "args")
         self._flat = self._spec.is_flat_tuple
         self._num_leaves = len(leaves)
@@ -133,30 +128,32 @@ class Bucketed:
         by_size = {bucket.size: bucket for bucket in self._table}
         self._bucket_of: list[BucketRecord | None] = [by_size.get(size)
                                                  for size in bucket_sizes(self.buckets)]
-        self._slots: list[Slot] = []
-        self._statics: list[tuple] = []  # (index, static, shape, dtype, path)
-        self._constants: list[tuple] = []  # (index, value, path)
+        # What every bucket shares, and its steps read (bucket_family). output_dims: per
+        # output leaf, the dimension that carries the dynamic size (None: never cut), for
+        # front ends that know it; otherwise leaves whose dynamic_dim equals the bucket size
+        # are cut. check: makes the overwritten-output check of the pool. inputs="rebind":
+        # calls of a bucket's own size rebind.
+        self._family = family = BucketFamily(
+            name=name, ops=ops, pool=self.pool, num_leaves=len(leaves), pad_fn=pad_fn,
+            pad_value=pad_value, clock=Clock(),
+            output_dims=None if output_dims is None else tuple(output_dims),
+            copy_outputs=bool(copy_outputs), strict=bool(strict),
+            check=check(self.pool) if check is not None else None,
+            inputs=check_inputs_mode(inputs))
         for index, (leaf, dim, path) in enumerate(zip(leaves, dims, paths, strict=True)):
             if dim is not None:
-                self._slots.append(make_slot(ops, index, leaf, dim, path, size, self.buckets,
-                                             self._pad))
+                family.slots.append(make_slot(ops, index, leaf, dim, path, size, self.buckets,
+                                              family.pad))
             elif isinstance(leaf, ops.array_type):
-                self._statics.append((index, leaf, leaf.shape, leaf.dtype, path))
+                family.statics.append((index, leaf, leaf.shape, leaf.dtype, path))
             else:
-                self._constants.append((index, leaf, path))
-        self._probe = self._slots[0]
-        self._clock = Clock()
+                family.constants.append((index, leaf, path))
+        self._probe = family.probe  # read on every call
+        self._name = name
+        self._strict = family.strict
         self._eager_calls = 0
         self._fallbacks: dict[str, int] = {}
         self._warned: set[str] = set()
-
-    # -- construction ----------------------------------------------------------------------
-
-    def _pad(self, rows: Any, path: str) -> None:
-        if self._pad_fn is not None:
-            self._pad_fn(rows, path)
-        else:
-            self._ops.fill(rows, self._pad_value)
 
     # -- the call path ---------------------------------------------------------------------
 
@@ -185,12 +182,12 @@ class Bucketed:
         bucket = self._bucket_of[n]
         assert bucket is not None
         array_type = self._ops.array_type
-        for slot in self._slots:
+        for slot in self._family.slots:
             value = leaves[slot.index]
             if (not isinstance(value, array_type) or value.shape != slot.shapes[n]
                     or value.dtype != slot.dtype):
                 return self._mismatch(args, slot, value, n)
-        for index, static, shape, dtype, path in self._statics:
+        for index, static, shape, dtype, path in self._family.statics:
             value = leaves[index]
             if value is static:
                 continue
@@ -199,7 +196,7 @@ class Bucketed:
                 return self.fallback(args, f"static {path}", (
                     f"argument {path} is not dynamic and changed (expected "
                     f"{self._ops.describe(static)}, got {self._ops.describe(value)})"))
-        for index, expected, path in self._constants:
+        for index, expected, path in self._family.constants:
             if leaves[index] != expected:
                 return self.fallback(args, f"constant {path}", (
                     f"argument {path} differs from the sample (expected {expected!r}, got "
@@ -223,7 +220,7 @@ class Bucketed:
         pool = self.pool
         before = pool.stats().reserved_bytes
         start = perf_counter()
-        args = _tree.unflatten(self._spec, self._bucket_leaves(bucket.size))
+        args = _tree.unflatten(self._spec, self._family.bucket_leaves(bucket.size))
         entry = self._capture_warm(args, pool, bucket)
         if self._shares_outputs and entry.memory is not None:
             self._share_outputs(entry)
@@ -234,8 +231,8 @@ class Bucketed:
         bucket.entry = entry
         bucket.outputs_by_n = {}
         # No local may hold the steps: they hold the outputs, which a release below must free.
-        bucket.path = BucketSteps(self, bucket, entry).path(order_for(pool))
-        bucket.use.last_used = self._clock.tick()
+        bucket.path = BucketSteps(self._family, bucket, entry).path(order_for(pool))
+        bucket.use.last_used = self._family.clock.tick()
         bucket.growth_bytes = max(0, pool.stats().reserved_bytes - before)
         if self._budget is not None and not self._fit_budget(keep=bucket):
             # Every other bucket is gone and this one still does not fit. Memory a framework
@@ -303,16 +300,6 @@ class Bucketed:
                 f"reserved with its graph alone)")
         self._predicted = self.pool.stats().reserved_bytes
         return self._predicted
-
-    def _bucket_leaves(self, size: int) -> list:
-        leaves: list[Any] = [None] * self._num_leaves
-        for slot in self._slots:
-            leaves[slot.index] = slot.per_bucket[size]
-        for index, static, *_ in self._statics:
-            leaves[index] = static
-        for index, value, _ in self._constants:
-            leaves[index] = value
-        return leaves
 
     def _fit_budget(self, keep: BucketRecord) -> bool:
         """Release least-recently-used graphs until the pool's reserved bytes fit the budget.

@@ -268,7 +268,7 @@ def test_a_non_dynamic_argument_is_copied_into_its_static_buffer():
     x = np.ones((2, 4))
     y, _ = bucketed(x, w2)
     np.testing.assert_allclose(y, np.tanh(x @ w2))
-    assert (bucketed._statics[0][1] == w2).all()
+    assert (bucketed._family.statics[0][1] == w2).all()
 
 
 def test_dynamic_dim_one_gives_strided_buckets_their_own_contiguous_buffers():
