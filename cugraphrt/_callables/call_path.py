@@ -29,7 +29,7 @@ from typing import Any
 from cugraphrt import _tree
 from cugraphrt._memory.overwrites import OutputCheck, OverwriteOrder
 
-__all__ = ["CallPath", "CopyIn", "HandOut", "Mismatch"]
+__all__ = ["CallPath", "CopyIn", "HandOut", "Mismatch", "check_constants", "split_leaves"]
 
 
 class Mismatch(Exception):
@@ -80,6 +80,27 @@ class CallPath:
         return self.hand_out(token)
 
 
+def split_leaves(framework: Any, leaves: Sequence[Any], paths: Sequence[str]
+                 ) -> tuple[list[tuple[int, Any, str]], tuple[tuple[int, Any, str], ...]]:
+    """The leaves a load step copies in or rebinds (the framework's arrays) and those it
+    compares only (constants), each as ``(index, leaf, path)``: what :class:`CopyIn` and
+    :class:`cugraphrt._callables.rebind.RebindIn` both start from."""
+    array_type = framework.array_type
+    arrays: list[tuple[int, Any, str]] = []
+    constants: list[tuple[int, Any, str]] = []
+    for index, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+        (arrays if isinstance(leaf, array_type) else constants).append((index, leaf, path))
+    return arrays, tuple(constants)
+
+
+def check_constants(constants: Sequence[tuple[int, Any, str]], leaves: Sequence[Any]) -> None:
+    """Raise :class:`Mismatch` for the first constant leaf a call passes unequal (the graph
+    was captured with the constant's value)."""
+    for index, expected, path in constants:
+        if leaves[index] != expected:
+            raise Mismatch(index, path, expected, leaves[index])
+
+
 class CopyIn:
     """The usual ``load`` step: each array leaf copied into its static input.
 
@@ -104,14 +125,10 @@ class CopyIn:
                  "_clone")
 
     def __init__(self, framework: Any, leaves: Sequence[Any], paths: Sequence[str]) -> None:
-        array_type = framework.array_type
         signature, address = framework.signature, framework.address
-        pairs = list(zip(leaves, paths, strict=True))
+        arrays, self._constants = split_leaves(framework, leaves, paths)
         self._arrays = tuple((i, leaf, address(leaf), signature(leaf), path)
-                             for i, (leaf, path) in enumerate(pairs)
-                             if isinstance(leaf, array_type))
-        self._constants = tuple((i, leaf, path) for i, (leaf, path) in enumerate(pairs)
-                                if not isinstance(leaf, array_type))
+                             for i, leaf, path in arrays)
         self._signature = signature
         self._address = address
         self._same_layout = framework.same_layout
@@ -134,9 +151,8 @@ class CopyIn:
                 self._copy(static, value)
             elif not self._same_layout(value, static):  # the static buffer, laid out anew
                 self._copy(static, self._clone(value))
-        for index, expected, path in self._constants:
-            if leaves[index] != expected:
-                raise Mismatch(index, path, expected, leaves[index])
+        if self._constants:
+            check_constants(self._constants, leaves)
 
 
 class HandOut:

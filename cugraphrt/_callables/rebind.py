@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy
 
-from cugraphrt._callables.call_path import CopyIn, Mismatch
+from cugraphrt._callables.call_path import CopyIn, Mismatch, check_constants, split_leaves
 from cugraphrt._callables.rebind_plan import RebindPlan, build_plan
 from cugraphrt._cuda.conditional import driver_api
 from cugraphrt.errors import CaptureError, OptionsError
@@ -92,20 +92,14 @@ class RebindIn:
 
     def __init__(self, framework: Any, leaves: Sequence[Any], paths: Sequence[str],
                  plan: RebindPlan, cuda_graph: Any) -> None:
-        array_type = framework.array_type
         signature, strides, address = framework.signature, framework.strides, framework.address
-        arrays = [(i, leaf, path) for i, (leaf, path) in enumerate(zip(leaves, paths,
-                                                                         strict=True))
-                  if isinstance(leaf, array_type)]
+        arrays, self._constants = split_leaves(framework, leaves, paths)
         # layout None: the input has no site, so it is always copied (see __call__); written:
         # a copy of it goes back after the replay (module docstring).
         self._arrays = tuple((i, leaf, signature(leaf),
                               strides(leaf) if plan.sites_per_input[k] else None, path,
                               plan.written[k])
                              for k, (i, leaf, path) in enumerate(arrays))
-        self._constants = tuple((i, leaf, path) for i, (leaf, path)
-                                in enumerate(zip(leaves, paths, strict=True))
-                                if not isinstance(leaf, array_type))
         self._signature, self._strides, self._address = signature, strides, address
         self._copy = framework.copy
         self._statics_at = [address(static) for _, static, _, _, _, _ in self._arrays]
@@ -155,9 +149,8 @@ class RebindIn:
             except (AttributeError, TypeError):  # not an array of the framework
                 raise Mismatch(index, path, static, value) from None
             addresses.append(at)
-        for index, expected, path in self._constants:
-            if leaves[index] != expected:
-                raise Mismatch(index, path, expected, leaves[index])
+        if self._constants:
+            check_constants(self._constants, leaves)
         self._held = leaves  # the executable points at them until the next call
         exec_handle = self._graph._handles.exec or self._graph._ready_exec("replay()")
         spans = self._pool._spans()  # cached: the same object until the pool's segments change
