@@ -23,7 +23,8 @@ __all__ = ["BrokenInstall", "torch_module", "adapter_module", "adapter_function"
 
 WARMUP_ITERS = 3  # the default of torch's and cugraphrt_torch's make_graphed_callables
 #: The product target on capture time (issue 24): a build at most 5% over torch's, the
-#: median of interleaved builds, for every model (`capture_time` and the real models).
+#: median of interleaved builds, for the real models. `capture_time`'s 1.3-ms MLP builds are
+#: held to the host floor measured in issue 51 instead (workloads_torch.MLP_CAPTURE_TARGETS).
 CAPTURE_TARGET = 1.05
 #: Timed builds a side for every capture row, --quick included. A build's time varies by
 #: several percent (the host, the first capture on a stream), and on a busy host one build
