@@ -149,8 +149,6 @@ class Bucketed:
             else:
                 family.constants.append((index, leaf, path))
         self._probe = family.probe  # read on every call
-        self._name = name
-        self._strict = family.strict
         self._eager_calls = 0
         self._fallbacks: dict[str, int] = {}
         self._warned: set[str] = set()
@@ -345,7 +343,7 @@ class Bucketed:
         show = sys.stderr.isatty() if progress is None else bool(progress)
         from tqdm.auto import tqdm
 
-        with tqdm(total=len(pending), desc=f"capturing {self._name}", unit="graph",
+        with tqdm(total=len(pending), desc=f"capturing {self._family.name}", unit="graph",
                   disable=not show, file=sys.stderr, leave=False) as bar:
             for bucket in pending:
                 bar.set_postfix_str(f"bucket {bucket.size}")
@@ -404,14 +402,14 @@ class Bucketed:
         a reason of its own (the torch adapter: a changed ``training`` flag) calls this.
         """
         kind = key.split(" ", 1)[0]
-        if self._strict:
+        if self._family.strict:
             raise ReplayError(f"{message}; pass arguments the buckets serve, or add a bucket "
                               f"(strict=True)")
         self._fallbacks[kind] = self._fallbacks.get(kind, 0) + 1
         self._eager_calls += 1
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(f"{self._name}: {message}; running eagerly (this warning is shown "
+            warnings.warn(f"{self._family.name}: {message}; running eagerly (this warning is shown "
                           f"once per reason)", UserWarning, stacklevel=3)
         return self._eager(*args)
 
@@ -439,6 +437,6 @@ class Bucketed:
 
     def __repr__(self) -> str:
         captured = sum(b.entry is not None for b in self._table)
-        return (f"<{type(self).__name__} of {self._name}: buckets {list(self.buckets)}, "
+        return (f"<{type(self).__name__} of {self._family.name}: buckets {list(self.buckets)}, "
                 f"{captured} captured, pool {self.pool.id}>")
 

@@ -206,10 +206,9 @@ class CopyBack:
                  written: Sequence[bool], cuda_graph: Any) -> None:
         self._copy_in = CopyIn(framework, leaves, paths)
         address = self._address = framework.address
-        arrays = [(i, leaf) for i, leaf in enumerate(leaves)
-                  if isinstance(leaf, framework.array_type)]
+        arrays, _ = split_leaves(framework, leaves, paths)
         self._written = tuple((i, leaf, address(leaf))
-                              for (i, leaf), w in zip(arrays, written, strict=True) if w)
+                              for (i, leaf, _), w in zip(arrays, written, strict=True) if w)
         self.copied: list[tuple[Any, Any]] = []
         self.writes = bool(self._written)
         self._pool = cuda_graph.pool()

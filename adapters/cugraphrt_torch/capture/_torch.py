@@ -14,7 +14,6 @@ import torch
 from cugraphrt.errors import CugraphrtError
 
 from .._internals import cuda as _cuda_internals
-from .._internals import tensors as _tensors
 
 __all__ = [
     "require_cuda",
@@ -24,8 +23,6 @@ __all__ = [
     "stream_handle",
     "stream_pair",
     "drop_blas_workspaces",
-    "versions",
-    "moved",
     "give_back_warm_up_memory",
 ]
 
@@ -182,11 +179,6 @@ def drop_blas_workspaces() -> None:
     own recordings.
     """
     _cuda_internals.clear_cublas_workspaces()
-
-
-#: The version counters of tensors and whether they moved: see :mod:`._internals.tensors`.
-versions = _tensors.versions
-moved = _tensors.moved
 
 
 def give_back_warm_up_memory() -> None:

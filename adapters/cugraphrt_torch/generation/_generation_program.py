@@ -36,7 +36,7 @@ from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
 
-__all__ = ["GenerationState", "Program", "cache_views", "MAX_EOS"]
+__all__ = ["GenerationState", "Program", "MAX_EOS"]
 
 #: EOS ids a generator compares against (unused slots hold -1, which no token equals).
 MAX_EOS = 8
@@ -93,11 +93,6 @@ class GenerationState:
         return values[CUR], bool(values[RUNNING])
 
 
-#: A cache over the first ``rows`` sequences and ``length`` positions (one write counter for
-#: all views: they all write the same positions); see :func:`._internals.transformers.cache_view`.
-cache_views = _transformers.cache_view
-
-
 class Program:
     """The prefill and decode bodies over one :class:`GenerationState` and one cache."""
 
@@ -126,7 +121,7 @@ class Program:
     def _view(self, rows: int, length: int) -> Any:
         view = self.views.get((rows, length))
         if view is None:
-            view = self.views[rows, length] = cache_views(self.cache, rows, length)
+            view = self.views[rows, length] = _transformers.cache_view(self.cache, rows, length)
         return view
 
     def _forward(self, view: Any, ids: torch.Tensor, positions: torch.Tensor,

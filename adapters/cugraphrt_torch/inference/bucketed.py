@@ -18,6 +18,7 @@ from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import Bucketed, CapturedBucket, instantiate_measured, order_for
 from cugraphrt.errors import ReplayError
 
+from .._internals import tensors as _tensors
 from ..capture import _torch
 from ..capture._output_check import FIX_COPY, make_check
 from ..capture.capture import graph
@@ -70,10 +71,10 @@ class BucketedModule:
                 cuda_graph = Graph(keep_graph=True)
                 session = graph(cuda_graph, pool=pool)
                 leaves = [a for a in args if isinstance(a, torch.Tensor)]
-                versions = _torch.versions(leaves)
+                versions = _tensors.versions(leaves)
                 with session:
                     outputs = module(*args)
-                written = _torch.moved(leaves, versions) if inputs == "rebind" else None
+                written = _tensors.moved(leaves, versions) if inputs == "rebind" else None
                 if warm:
                     _torch.give_back_warm_up_memory()
                 exec_bytes = instantiate_measured(cuda_graph)

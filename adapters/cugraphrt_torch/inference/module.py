@@ -26,6 +26,7 @@ from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import OptionsError, ReplayError
 from cugraphrt.options import MakeGraphedOptions, validate_options
 
+from .._internals import tensors as _tensors
 from ..capture import _torch
 from ..capture._output_check import FIX_COPY, checkable, make_check
 from ..capture.capture import graph, warmed_graph
@@ -133,10 +134,10 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         cuda_graph = Graph()
         capture = _warmed_capture(cuda_graph, pool, module, static, options.num_warmup_iters,
                                   device)
-        versions = _torch.versions(static)  # what rebinding copies back (inputs="rebind")
+        versions = _tensors.versions(static)  # what rebinding copies back (inputs="rebind")
         with capture:
             outputs = module(*static)
-        written = _torch.moved(static, versions) if inputs == "rebind" else None
+        written = _tensors.moved(static, versions) if inputs == "rebind" else None
     order = order_for(cuda_graph.pool())
     seq = order.next_seq()  # before any other capture into the pool
     check = None if options.copy_outputs else make_check(
