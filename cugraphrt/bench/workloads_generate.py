@@ -175,7 +175,6 @@ def run_generate(ctx: Context) -> None:
     import torch
     from cugraphrt_torch import Generator
 
-    torch.set_grad_enabled(False)
     model = _model(torch)
     length = PROMPT + NEW
     makers = {
@@ -186,9 +185,10 @@ def run_generate(ctx: Context) -> None:
                                             cache_buckets=(length,)),
     }
     generators = {name: rows[MEMORY].setup(name, make) for name, make in makers.items()}
-    for batch in BATCHES:
-        ctx.step(f"batch {batch}")
-        _batch(ctx, torch, model, generators, batch, rows)
+    with torch.no_grad():  # scoped: a workload after this one may train (real_resnet18)
+        for batch in BATCHES:
+            ctx.step(f"batch {batch}")
+            _batch(ctx, torch, model, generators, batch, rows)
     for name, generator in generators.items():
         if generator is not None:
             stats = generator.stats()
