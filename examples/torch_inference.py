@@ -3,7 +3,8 @@
 1. `graph_module` graphs a small convnet's forward; the graphed calls equal eager calls, and
    per-call latency drops from many kernel launches to one copy and one graph launch.
 2. `cugraphrt_torch.graph` captures torch work (with dropout, fresh on every replay) and a
-   CuPy kernel on the same tensors, into a pool that `pool.stats()` accounts for.
+   CuPy kernel on the same tensors, into a pool that `pool.stats()` accounts for; what the
+   capture hands back (`capture.captured`, a `CapturedGraph`) replays it on torch's stream.
 
 Run: python examples/torch_inference.py   (needs a CUDA GPU and a CUDA build of torch)
 """
@@ -71,19 +72,21 @@ def torch_and_cupy_in_one_graph() -> None:
 
     work()  # warm up: compile the CuPy kernel outside the capture
     g = cugraphrt.Graph()
-    with cugraphrt_torch.graph(g, pool=pool):
+    with cugraphrt_torch.graph(g, pool=pool) as capture:
         out = work()
+    captured = capture.captured  # the graph, its replays, its memory, its number in the pool
 
     torch.cuda.manual_seed(7)
     masks = []
     for _ in range(3):
         x.copy_(torch.randn_like(x))
-        g.replay()
+        captured.on_torch_stream()  # g.replay() on torch's current stream
         torch.cuda.synchronize()
         masks.append(out == 0)
     fresh = not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
     print(f"graph: torch + CuPy in one capture; dropout mask fresh per replay: {fresh}")
     print(f"  pool holds torch's memory too: {pool.stats().active_bytes} bytes active")
+    print(f"  {captured!r}: graph {captured.graph}")
 
 
 def main() -> None:

@@ -3,7 +3,8 @@
 * :func:`to_cupy` / :func:`from_cupy`: zero-copy DLPack views, safe during capture.
 * :class:`graph`: capture torch work (and CuPy work on the same stream) into a
   :class:`cugraphrt.Graph`, with torch's memory from the cugraphrt pool and a graph-safe
-  CUDA RNG.
+  CUDA RNG; its ``captured`` (:class:`CapturedGraph`) is what code built on a capture keeps:
+  the graph, its replays, its memory and its number in the pool's order.
 * :class:`CUDAGraph`, :func:`graph_pool_handle`, :func:`is_current_stream_capturing`:
   ``torch.cuda``'s graph names over cugraphrt's pools; with :class:`graph` and
   :func:`make_graphed_callables`, swapping the names is the whole migration
@@ -28,6 +29,7 @@ from __future__ import annotations
 from cugraphrt import __version__
 
 from .autograd.autograd import make_graphed_callables
+from .capture._adopted import CapturedGraph
 from .capture.capture import graph
 from .capture.cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_capturing
 from .capture.dlpack import from_cupy, to_cupy
@@ -37,7 +39,8 @@ from .generation.generation import Generator, GeneratorStats
 from .inference.bucketed import BucketedModule
 from .inference.module import GraphedModule, graph_module
 
-__all__ = ["__version__", "BucketedModule", "CUDAGraph", "CompileOptions", "GraphedModule",
+__all__ = ["__version__", "BucketedModule", "CUDAGraph", "CapturedGraph", "CompileOptions",
+           "GraphedModule",
            "Generator", "GeneratorStats", "compile_report", "cond", "format_compile_report",
            "from_cupy", "graph",
            "graph_module", "graph_pool_handle", "is_current_stream_capturing",

@@ -32,9 +32,33 @@ def test_public_names():
                                             "__version__", "while_loop", "cond",
                                             "CUDAGraph", "graph_pool_handle",
                                             "is_current_stream_capturing", "Generator",
-                                            "GeneratorStats"}
+                                            "GeneratorStats", "CapturedGraph"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
+
+
+def test_a_captured_graphs_replays_are_disarmed_when_its_owner_goes():
+    """The lifetime rule (capture/_adopted.py): a CapturedGraph's replays run torch's replay
+    while the owner lives, and raise once the Graph let the owner go, instead of replaying a
+    destroyed graph."""
+    from cugraphrt_torch.capture._adopted import CapturedGraph, Owner, Replay
+
+    class TorchGraph:  # what the owner keeps; a weak reference must reach it
+        pass
+
+    launched: list[int] = []
+    torch_graph = TorchGraph()
+    replay = Replay(lambda: launched.append(1), handles=None, device=0)
+    owner = Owner(torch_graph, None, None, replay)
+    captured = CapturedGraph(graph=None, replay=replay, memory="kept", seq=7,
+                             torch_graph=torch_graph)
+    captured.launch()
+    assert launched == [1] and captured.seq == 7 and captured.memory == "kept"
+    assert captured.torch_graph is torch_graph and "live" in repr(captured)
+    del owner, torch_graph  # what Graph.reset() does to the last owner
+    with pytest.raises(cugraphrt.ReplayError, match="reset"):
+        captured.launch()
+    assert launched == [1] and captured.torch_graph is None and "reset" in repr(captured)
 
 
 # -- dtypes and conversions --------------------------------------------------------------------

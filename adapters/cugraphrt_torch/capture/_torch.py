@@ -23,7 +23,6 @@ __all__ = [
     "stream_handle",
     "stream_pair",
     "drop_blas_workspaces",
-    "give_back_warm_up_memory",
 ]
 
 _lock = threading.Lock()
@@ -179,15 +178,3 @@ def drop_blas_workspaces() -> None:
     own recordings.
     """
     _cuda_internals.clear_cublas_workspaces()
-
-
-def give_back_warm_up_memory() -> None:
-    """After a bucket family's first capture (the one that warmed up): what the warm-ups
-    allocated (their activations, the cuBLAS workspaces the capture made torch forget) is
-    cached in torch's allocator for the capture stream, where nothing reuses it (captures
-    allocate from their pools). Give it back to the device, as ``torch.cuda.graph`` does on
-    entry: a server sizing its KV cache by ``cudaMemGetInfo`` after capture would lose it
-    otherwise (issue 51: 140 MiB of a 35-size Llama family). Once per family: after every
-    single-graph capture it would cost the next capture a new workspace (``capture_time``
-    read 1.63x torch's on an H200 that way, 2026-11-28, against 1.35x without)."""
-    torch.cuda.empty_cache()

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -33,7 +32,8 @@ from cugraphrt.options import CaptureOptions, validate_options
 
 from .._internals import cuda as _cuda_internals
 from . import _alloc, _collective_mode, _errors, _torch
-from ._adopted import Instantiate, Owner, Replay
+from ._adopted import CapturedGraph, Instantiate, Owner, Replay
+from ._fence import fenced
 
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture
@@ -43,10 +43,6 @@ __all__ = ["graph", "warmed_graph"]
 # Torch graphs whose capture could not be ended cleanly: torch's allocator may still hold a
 # filter that points into them, so they must never be destroyed.
 _stranded: list = []
-
-
-def _no_graph() -> None:
-    return None
 
 
 class graph:
@@ -79,6 +75,10 @@ class graph:
 
     Attributes
     ----------
+    captured : CapturedGraph or None
+        After a successful exit, what the capture hands its caller: the graph, its replays
+        (``launch`` past the pool-order checks, for code that keeps the order itself), the
+        memory and the capture's number in its pool's order. None before.
     torch_graph : torch.cuda.CUDAGraph or None
         The torch graph that owns the capture, after a successful exit; None before, and
         once ``cuda_graph`` let it go (reset, or garbage collected). A weak reference: the
@@ -112,9 +112,7 @@ class graph:
         self.pool = pool
         self.capture_error_mode = capture_error_mode
         self.stream = stream
-        self._torch_graph: Callable[[], Any] = _no_graph
-        self._replay: Replay | None = None
-        self.memory: Any = None
+        self.captured: CapturedGraph | None = None
         self._session: _TorchCapture | None = None
         self._contexts: contextlib.ExitStack | None = None
         #: Warm-ups run on the capture stream right before the capture begins, their memory
@@ -123,16 +121,24 @@ class graph:
 
     @property
     def torch_graph(self):
-        return self._torch_graph()
+        return None if self.captured is None else self.captured.torch_graph
+
+    @property
+    def memory(self) -> Any:
+        return None if self.captured is None else self.captured.memory
 
     def __enter__(self) -> graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
         import torch
 
         device = _cuda.get_device()
+        self.captured = None
         if self.stream is not None:
             check_capture_stream(self.stream, device)
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
+        # Warm-ups are fenced against the stream current at entry: the caller's.
+        warm_up = None if self._warm_up is None else _Fenced(
+            self._warm_up, torch.cuda.current_stream(device), torch_stream)
         # No device synchronization: it would invalidate other threads' captures (see
         # cugraphrt.graph.__enter__), and nothing runs during a capture anyway.
         contexts = contextlib.ExitStack()
@@ -141,7 +147,7 @@ class graph:
         contexts.enter_context(torch.cuda.stream(torch_stream))
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
-                                                torch_stream, device, self._warm_up)
+                                                torch_stream, device, warm_up)
         except BaseException:
             contexts.close()
             raise
@@ -154,9 +160,13 @@ class graph:
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
         try:
             if exc is None:
-                self._torch_graph = weakref.ref(session.end())
-                self._replay = session.replay
-                self.memory = _alloc.MemoryKeep(session.mempool)
+                torch_graph = session.end()
+                # Numbered before any other capture into the pool can begin (this thread's
+                # stream is still the capture stream; the pool's order is per pool).
+                seq = core.order_for(session.pool).next_seq()
+                self.captured = CapturedGraph(self.cuda_graph, session.replay,
+                                              _alloc.MemoryKeep(session.mempool), seq,
+                                              torch_graph)
                 return False
             session.abort(exc)
         finally:
@@ -170,19 +180,37 @@ class graph:
 def warmed_graph(cuda_graph: Graph, pool: MemPool | None,
                  warm_up: Callable[[], None]) -> graph:
     """A :class:`graph` whose capture first runs ``warm_up()`` on the capture stream, every
-    allocation from the capture's pool.
+    allocation from the capture's pool: the one warm-up of the adapter's captures.
 
     The warm-ups' activations are then freed into the pool the capture allocates from, so
     the capture reuses them rather than leaving them cached in torch's general pool, and the
     cuBLAS workspace they create, which the capture bakes in, is the graph's own: one
     workspace per graph instead of one for the warm-ups and another for the capture (see
-    :func:`_torch.drop_blas_workspaces`). ``warm_up`` runs with the capture stream current,
-    before the CUDA-level begin; whatever it needs from the caller's stream it waits for
-    itself, and the caller's stream must wait for it before reusing that memory.
+    :func:`_torch.drop_blas_workspaces`). ``warm_up`` runs with the capture stream current
+    for torch and CuPy, right before the CUDA-level begin, fenced on both sides: the capture
+    stream waits for the stream current at entry (the caller's work the warm-ups read), and
+    that stream waits for the warm-ups (the capture reuses their memory, which the caller's
+    later replays write).
     """
     capture = graph(cuda_graph, pool=pool)
     capture._warm_up = warm_up
     return capture
+
+
+class _Fenced:
+    """``warm_up()`` on the capture stream, fenced against the caller's stream on both sides
+    (see :func:`warmed_graph`)."""
+
+    __slots__ = ("_warm_up", "_caller", "_stream")
+
+    def __init__(self, warm_up: Callable[[], None], caller, stream) -> None:
+        self._warm_up = warm_up
+        self._caller = caller
+        self._stream = stream
+
+    def __call__(self) -> None:
+        with fenced(self._caller, self._stream):
+            self._warm_up()
 
 
 class _TorchCapture:

@@ -23,13 +23,13 @@ from typing import Any, Literal
 
 import torch
 
-from cugraphrt import Graph, MemPool, default_capture_stream
+from cugraphrt import Graph, MemPool
 from cugraphrt.errors import OptionsError
 
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..capture import _torch
-from ..capture.capture import graph
+from ..capture.capture import warmed_graph
 from ..capture.cuda_graph import graph_pool_handle
 from ..compile._eager_kernels import Numerics
 from ..control.control import while_loop
@@ -270,33 +270,34 @@ class Generator:
     def _graphed(self, body: Callable[[], None], rows: int, prompt_bucket: int | None, *,
                  warm: Callable[[], None] | None = None) -> Callable[[], None]:
         """``body`` captured into the generator's pool (after a warm-up on the capture
-        stream, from a staged dummy prompt); eagerly as it is with ``graphed=False``."""
+        stream from that pool, on a staged dummy prompt); eagerly as it is with
+        ``graphed=False``."""
         if not self.graphed:
             return body
         begin = time.perf_counter()
         prompt = min(prompt_bucket or 1, self.max_length - 1)
         dummy = torch.zeros(rows, prompt, dtype=torch.int64, device=self.device)
-        stream = _torch.torch_stream_for(default_capture_stream().ptr, self.device.index)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            # Kernels, library handles and workspaces for the capture stream. The dummy
-            # prompt (shorter than the cache, counters at 0) keeps the warm-up's writes
-            # inside the cache and every value it writes there finite.
+
+        def warm_up() -> None:
+            # Kernels, library handles and workspaces for the capture stream, from the
+            # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
+            # counters at 0) keeps the warm-up's writes inside the cache and every value it
+            # writes there finite.
             self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
             _tensors.foreach_zero(self._program.counters)
             (warm or body)()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+
         cuda_graph = Graph()
-        session = graph(cuda_graph, pool=self.pool)
+        session = warmed_graph(cuda_graph, self.pool, warm_up)
         with torch.cuda.device(self.device), session:
             body()
-        replay = session._replay
-        assert replay is not None  # set by a successful capture
+        captured = session.captured
+        assert captured is not None  # set by a successful capture
         self._graphs.append(cuda_graph)
         self._capture_s += time.perf_counter() - begin
         # torch's replay on torch's current stream, past the pool-order check (see the
         # module's design notes: these graphs hand out no pool memory).
-        return replay._replay
+        return captured.launch
 
     # -- arguments -------------------------------------------------------------------------
     def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
