@@ -19,7 +19,8 @@ What the bodies compute is what Hugging Face's greedy ``generate`` computes with
   from seeing; the logits taken at the last real position (``logits_to_keep``), and the
   cache's write counters set back to the real prompt length, so that decoding overwrites
   the padding's entries before any query may read them;
-* greedy ``argmax``; a finished sequence gets ``pad_token_id``; a sequence finishes at one
+* greedy ``argmax`` (or, with a sampler, transformers' logits processors and a draw: see
+  :mod:`._sampling`); a finished sequence gets ``pad_token_id``; a sequence finishes at one
   of the EOS ids; the loop stops when every sequence finished or the length reached
   ``prompt + max_new_tokens``.
 """
@@ -35,6 +36,7 @@ from .._internals import compile as _compile
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
+from ._sampling import Sampler
 
 __all__ = ["GenerationState", "Program", "MAX_EOS"]
 
@@ -97,10 +99,14 @@ class Program:
     """The prefill and decode bodies over one :class:`GenerationState` and one cache."""
 
     def __init__(self, model: Any, state: GenerationState, cache: Any,
-                 numerics: Numerics | None = None, steps: int = 1) -> None:
+                 numerics: Numerics | None = None, steps: int = 1,
+                 sampler: Sampler | None = None) -> None:
         self.model = model
         self.state = state
         self.cache = cache
+        #: With sampling: the rows' settings and random streams (a step draws its noise
+        #: before the step, outside the compiled code: the draw is a CuPy kernel).
+        self.sampler = sampler
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
         parameters = inspect.signature(model.forward).parameters
@@ -144,6 +150,8 @@ class Program:
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.counters)
+        if self.sampler is not None:
+            self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 0)
@@ -157,6 +165,8 @@ class Program:
     def decode(self, rows: int, length: int) -> None:
         """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
         while_loop body)."""
+        if self.sampler is not None:
+            self.sampler.draw()
         if not self.compiled:
             self._step(self._view(rows, length), rows)
             return
@@ -175,10 +185,14 @@ class Program:
         return torch.logical_and(self.state.running, self.state.cur <= length)
 
     def _choose(self, rows: int, scores: torch.Tensor) -> None:
-        """Greedy choice, appended; EOS and length checks; whether any sequence runs."""
-        state = self.state
+        """Greedy choice (or the sampler's), appended; EOS and length checks; whether any
+        sequence runs."""
+        state, sampler = self.state, self.sampler
         finished = state.finished[:rows]
-        token = torch.where(finished, state.pad, scores.argmax(-1))
+        choice = scores.argmax(-1) if sampler is None else sampler.choose(rows, scores)
+        token = torch.where(finished, state.pad, choice)
+        if sampler is not None:  # what the repetition penalty sees, pad tokens too
+            sampler.seen(rows, token)
         at = state.cur.view(1)
         state.ids[:rows].index_copy_(1, at, token[:, None])
         state.mask[:rows].index_fill_(1, at, 1)

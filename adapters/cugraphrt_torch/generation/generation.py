@@ -35,6 +35,7 @@ from ..compile._eager_kernels import Numerics
 from ..control.control import while_loop
 from ._generation_options import generator_options
 from ._generation_program import MAX_EOS, GenerationState, Program
+from ._sampling import SETTINGS, Sampler, call_settings
 
 __all__ = ["Generator", "GeneratorStats"]
 
@@ -65,7 +66,7 @@ class GeneratorStats:
 
 
 class Generator:
-    """Greedy generation for a Hugging Face causal LM, many tokens per launch.
+    """Greedy or sampled generation for a Hugging Face causal LM, many tokens per launch.
 
     ``Generator(model, max_length=512).generate(input_ids, attention_mask, max_new_tokens=
     128)`` returns what ``model.generate(input_ids, attention_mask=attention_mask,
@@ -109,6 +110,12 @@ class Generator:
     graphed : bool, default True
         False runs the same program eagerly (any device, a host check per step): a
         reference, and a way to run without a GPU.
+    sampling : bool, default False
+        Build the graphs with transformers' logits processors and a draw in every step, so
+        that ``generate`` takes ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+        ``min_p``, ``repetition_penalty`` and per-row seeds (docs/generation.md,
+        "Sampling"). Settings are device tensors the graphs read: changing them captures
+        nothing. Without it the graphs are greedy only, and a bit faster.
 
     Raises
     ------
@@ -121,11 +128,12 @@ class Generator:
                  batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
-                 compile_step: bool | Literal["fast"] = False, graphed: bool = True) -> None:
+                 compile_step: bool | Literal["fast"] = False, graphed: bool = True,
+                 sampling: bool = False) -> None:
         opts = generator_options(
             max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
             cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
-            graphed=graphed)
+            graphed=graphed, sampling=sampling)
         self.max_length, self.chunk = opts.max_length, opts.chunk
         self.batch_buckets = opts.batch_buckets
         self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
@@ -140,9 +148,12 @@ class Generator:
             _torch.require_cuda("cugraphrt_torch.Generator")
         self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
         self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
+        self._sampler = Sampler(self.batch_buckets[-1], _vocab_size(model), self.device) \
+            if sampling else None
         self._program = Program(model, self.state, self._cache,
                                 _step_numerics(opts.compile_step),
-                                len(self.batch_buckets) * len(self.cache_buckets))
+                                len(self.batch_buckets) * len(self.cache_buckets),
+                                self._sampler)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
@@ -154,8 +165,9 @@ class Generator:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  *, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None,
-                 callback: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
-        """Greedy tokens after ``input_ids``, as Hugging Face's ``generate`` returns them.
+                 callback: Callable[[torch.Tensor], Any] | None = None,
+                 seed: Any = None, **sampling: Any) -> torch.Tensor:
+        """The tokens after ``input_ids``, as Hugging Face's ``generate`` returns them.
 
         Parameters
         ----------
@@ -174,6 +186,16 @@ class Generator:
             Called after the prefill and after each chunk with the tokens it added, a
             ``(batch, n)`` int64 tensor of its own; a true return value stops the generation
             there.
+        seed : int, torch.Generator, or a sequence of them, optional
+            With ``sampling=True``: each row's random stream. An int seeds row ``r`` with
+            ``seed + r``; a ``torch.Generator`` gives each row a seed drawn from it; a
+            sequence gives one per row. Default: seeds drawn from torch's default CPU
+            generator (``torch.manual_seed`` makes the call reproducible). A row's tokens
+            depend on its seed only: not on the other rows, the buckets or ``chunk``.
+        **sampling
+            With ``sampling=True``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+            ``min_p``, ``repetition_penalty``, as ``generate`` takes them, defaulting to the
+            model's ``generation_config`` (without ``do_sample``, greedy).
 
         Returns
         -------
@@ -184,6 +206,7 @@ class Generator:
         batch, prompt = self._check_prompt(input_ids, attention_mask, max_new_tokens)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         eos, pad = self._special_tokens(eos_token_id, pad_token_id)
+        settings = self._sampling_settings(batch, seed, sampling)
         rows = _bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
         # Capture first (every graph this call may use): warm-ups run the bodies on the
         # state, which staging then resets.
@@ -192,6 +215,8 @@ class Generator:
                   for length in self._cache_lengths(prompt, max_new_tokens)}
         state = self.state
         state.stage(input_ids, mask, rows, max_new_tokens, pad, eos)
+        if self._sampler is not None:
+            self._sampler.stage(settings, input_ids)
         prefill()
         length, running = state.read()
         seen = prompt
@@ -222,6 +247,10 @@ class Generator:
         tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
                    self.state.finished, self.state.eos, self.state.scalars]
         tensors += _transformers.cache_tensors(self._cache)
+        if self._sampler is not None:
+            rows = self._sampler.settings
+            tensors += [self._sampler.noise, rows.seen, rows.temperature, rows.top_k,
+                        rows.top_p_cut, rows.min_p, rows.penalty, rows.noise_scale]
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
                               sum(t.numel() * t.element_size() for t in tensors))
@@ -300,6 +329,26 @@ class Generator:
         return captured.launch
 
     # -- arguments -------------------------------------------------------------------------
+    def _sampling_settings(self, batch: int, seed: Any, settings: dict[str, Any]) -> list:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise OptionsError(unknown[0], settings[unknown[0]],
+                               "a keyword of generate(): " + ", ".join(SETTINGS))
+        if self._sampler is None:
+            # A greedy generator takes greedy settings (the warpers are unused without
+            # do_sample, as in generate); what changes its tokens needs sampling=True.
+            penalty = settings.get("repetition_penalty")
+            for name, value, changes in (
+                    ("do_sample", settings.get("do_sample"), settings.get("do_sample") is True),
+                    ("seed", seed, seed is not None),
+                    ("repetition_penalty", penalty, penalty not in (None, 1, 1.0))):
+                if changes:
+                    raise OptionsError(name, value, "a Generator built with sampling=True "
+                                       "(this one is greedy)")
+            return []
+        return call_settings(getattr(self.model, "generation_config", None), batch, seed,
+                             settings)
+
     def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
                 or input_ids.dtype not in (torch.int64, torch.int32) \
@@ -361,6 +410,14 @@ def _model_device(model: Any) -> torch.device:
     except (AttributeError, StopIteration):
         raise OptionsError("model", type(model).__name__,
                            "a Hugging Face causal LM (a torch module with parameters)") from None
+
+
+def _vocab_size(model: Any) -> int:
+    """The width of the model's logits (its output embedding's rows)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
 
 
 def _positive(name: str, value: Any) -> int:
