@@ -77,3 +77,32 @@ def test_kinds_count_child_graphs_but_not_bodies():
 def test_a_body_refuses_what_its_child_graphs_hold_naming_who_added_it():
     found = bodies._forbidden(1, {21: "all_reduce"})
     assert found == [("HOST", "all_reduce")]
+
+
+# -- the rebinding plan's reader of nested graphs, on the walker ------------------------------
+
+def test_an_inputs_address_inside_a_body_is_found_and_an_unreadable_body_counts(monkeypatch):
+    from cugraphrt._callables import rebind_plan
+
+    base = 0x7000_0000
+    finder = rebind_plan._Finder([(base, base, base + 256)])
+    inside = (base + 64).to_bytes(8, "little")
+    elsewhere = (0x1234).to_bytes(8, "little")
+    raws = {10: [elsewhere], 40: [inside]}
+    monkeypatch.setattr(rebind_plan._params, "kernel_params",
+                        lambda node: SimpleNamespace(why_not=None, raw=raws[node]))
+    monkeypatch.setattr(rebind_plan._params, "set_params",
+                        lambda node: SimpleNamespace(dst=0x99))
+    # Graph 2 (a child graph: a memset elsewhere, a host node) holds no input address.
+    assert not rebind_plan._referenced(2, finder)
+    # Graph 1 does: kernel 40 in body 4 of conditional 12 points into the input.
+    assert rebind_plan._referenced(1, finder)
+    raws[40] = [elsewhere]
+    # Now only body 4's second conditional (41), which CUDA does not let us read, is left:
+    # a body that cannot be read counts as holding it.
+    assert rebind_plan._referenced(1, finder)
+    FakeDriver.graphs[4] = [40]
+    try:
+        assert not rebind_plan._referenced(1, finder)
+    finally:
+        FakeDriver.graphs[4] = [40, 41]
