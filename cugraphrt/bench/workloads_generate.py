@@ -44,7 +44,7 @@ from .real_models import LLAMA_LAYERS, missing_package
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import interleave, single, summarize
 
-__all__ = ["GENERATE", "Timed", "hf_static_compiled", "llama"]
+__all__ = ["GENERATE", "Timed", "hf_static_compiled", "llama", "set_up", "skipped"]
 
 SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled",
            "cugraphrt_fast", "torch_loop_eager", "torch_loop", "compiled_device")
@@ -166,11 +166,7 @@ def run_generate(ctx: Context) -> None:
             for name, unit in ((_per_token(batch), "us"), (_first(batch), "ms"),
                                (_same(batch), "tokens"))}
     rows[MEMORY] = RowBuilder(MEMORY, "MiB", SYSTEMS, "cugraphrt", "cugraphrt_compiled")
-    missing = missing_package("torch", "transformers")
-    if ctx.quick or missing:
-        for row in rows.values():
-            row.unavailable_all(missing or "skipped in --quick (run --only generate)")
-            ctx.emit(row.build())
+    if skipped(ctx, rows.values(), "generate"):
         return
     import torch
     from cugraphrt_torch import Generator
@@ -211,16 +207,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         if generators[name] is not None:
             calls[name] = (_ours(generators[name], prompt, new=NEW),
                            _ours(generators[name], prompt, new=1))
-    timed: dict[str, Timed] = {}
-    for name, (whole, one) in calls.items():
-        ctx.step(f"batch {batch}: set up {name}")
-        # The untimed first calls: compilation (hf_static), captures (the generators).
-        if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
-            continue
-        if name == "hf_static" and per_token.setup(
-                name, lambda: hf_static_compiled(model)) is None:
-            continue
-        timed[name] = Timed(torch, whole, one)
+    timed = set_up(ctx, torch, model, batch, calls, per_token)
     for loop, owner in LOOPS.items():
         if generators[owner] is None or owner not in timed:
             per_token.unavailable(loop, f"needs the {owner} generator")
@@ -249,6 +236,36 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
             per_token.set("compiled_device", summarize(device).scaled(US))
     for row in (per_token, first, same):
         ctx.emit(row.build())
+
+
+def skipped(ctx: Context, rows, only: str) -> bool:
+    """Emits ``rows`` as not measured, and returns True, in ``--quick`` or without torch and
+    transformers; ``only`` names the workload for the hint."""
+    missing = missing_package("torch", "transformers")
+    if not (ctx.quick or missing):
+        return False
+    for row in rows:
+        row.unavailable_all(missing or f"skipped in --quick (run --only {only})")
+        ctx.emit(row.build())
+    return True
+
+
+def set_up(ctx: Context, torch, model, batch: int,
+           calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]],
+           per_token: RowBuilder) -> dict[str, Timed]:
+    """The systems of one batch size, each after its untimed first calls (compilation for
+    hf_static, which must have compiled; captures for the generators); a system whose set-up
+    fails gets an error cell instead."""
+    timed: dict[str, Timed] = {}
+    for name, (whole, one) in calls.items():
+        ctx.step(f"batch {batch}: set up {name}")
+        if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
+            continue
+        if name == "hf_static" and per_token.setup(
+                name, lambda: hf_static_compiled(model)) is None:
+            continue
+        timed[name] = Timed(torch, whole, one)
+    return timed
 
 
 def _check_loops(per_token: RowBuilder, timed: dict[str, Timed], samples: dict) -> None:

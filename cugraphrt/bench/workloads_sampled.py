@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .real_models import LLAMA_LAYERS, missing_package
+from .real_models import LLAMA_LAYERS
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import interleave, single, summarize
 from .workloads_generate import (
@@ -35,9 +35,9 @@ from .workloads_generate import (
     PROMPT,
     ROUNDS,
     US,
-    Timed,
-    hf_static_compiled,
     llama,
+    set_up,
+    skipped,
 )
 
 __all__ = ["GENERATE_SAMPLED"]
@@ -70,11 +70,7 @@ def run_generate_sampled(ctx: Context) -> None:
     rows = {name: RowBuilder(name, unit, SYSTEMS, "hf_static", "cugraphrt_compiled")
             for batch in BATCHES
             for name, unit in ((_per_token(batch), "us"), (_same(batch), "tokens"))}
-    missing = missing_package("torch", "transformers")
-    if ctx.quick or missing:
-        for row in rows.values():
-            row.unavailable_all(missing or "skipped in --quick (run --only generate_sampled)")
-            ctx.emit(row.build())
+    if skipped(ctx, rows.values(), "generate_sampled"):
         return
     import torch
     from cugraphrt_torch import Generator
@@ -107,15 +103,7 @@ def _batch(ctx: Context, torch, model, generators: dict, graphless: Any, batch: 
         if generators[name] is not None:
             calls[name] = (_ours(generators[name], prompt, seeds, new=NEW),
                            _ours(generators[name], prompt, seeds, new=1))
-    timed: dict[str, Timed] = {}
-    for name, (whole, one) in calls.items():
-        ctx.step(f"batch {batch}: set up {name}")
-        if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
-            continue
-        if name == "hf_static" and per_token.setup(
-                name, lambda: hf_static_compiled(model)) is None:
-            continue
-        timed[name] = Timed(torch, whole, one)
+    timed = set_up(ctx, torch, model, batch, calls, per_token)
     ctx.step(f"batch {batch}: graphed=False reference")
     reference = _ours(graphless, prompt, seeds, new=NEW)()
     ctx.step(f"batch {batch}: {ROUNDS} rounds")
