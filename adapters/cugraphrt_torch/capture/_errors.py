@@ -25,7 +25,7 @@ from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.adapter import diagnose as _diagnose
 from cugraphrt.errors import CaptureError, PoolOutOfMemoryError
 
-__all__ = ["capture_error", "torch_capture_status", "TorchPoolOutOfMemoryError",
+__all__ = ["capture_error", "is_host_copy", "torch_capture_status", "TorchPoolOutOfMemoryError",
            "torch_out_of_memory"]
 
 # CUDA status names and texts as torch prints them, mapped to their numbers.
@@ -156,7 +156,24 @@ def capture_error(exc: BaseException, where: str | None = None,
         cause = cause.split(": ", 1)[1] if ": " in cause else cause
         return CaptureError(f"{operation} failed during CUDA graph capture (got: {first_line}): "
                             f"{cause}. {_ADVICE}")
-    return CaptureError(f"{operation} cannot be captured (got: {first_line}). {_ADVICE}")
+    advice = _ADVICE
+    if _HOST_COPY_TEXT in text:
+        advice += (" A constant the captured code makes on the host (torch.tensor(v, "
+                   "device=...), an index list, a host tensor it builds and moves) can be "
+                   "staged by the capture instead: cugraphrt_torch.graph(..., "
+                   "stage_host_constants=True); graph_module does it by itself.")
+    return CaptureError(f"{operation} cannot be captured (got: {first_line}). {advice}")
+
+
+def is_host_copy(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is torch refusing a host-to-device copy
+    from pageable memory during a capture: what staging host constants may fix."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _HOST_COPY_TEXT in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _operation(exc: BaseException, where: str | None) -> str:

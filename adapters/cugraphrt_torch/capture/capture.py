@@ -34,6 +34,7 @@ from .._internals import cuda as _cuda_internals
 from . import _alloc, _collective_mode, _errors, _torch
 from ._adopted import CapturedGraph, Instantiate, Owner, Replay
 from ._fence import fenced
+from ._host_constants import HostConstants
 
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture
@@ -72,6 +73,13 @@ class graph:
         Capture stream (non-default). cugraphrt's per-thread capture stream by default.
     capture_error_mode : {"global", "thread_local", "relaxed"}
         See :class:`cugraphrt.options.CaptureOptions`.
+    stage_host_constants : bool, default False
+        Let the block copy constants it makes on the host to the device (``torch.tensor(v,
+        device="cuda")``, index lists, host tensors it builds and moves): each is copied at
+        capture into pinned memory the graph keeps, and every replay copies it from there.
+        A pageable CPU tensor made before the capture is refused instead (docs/torch.md,
+        "Host constants"). Off by default: it adds a little host time to every torch call
+        of the block.
 
     Attributes
     ----------
@@ -100,7 +108,7 @@ class graph:
     """
 
     def __init__(self, cuda_graph: Graph, pool: MemPool | None = None, stream=None,
-                 capture_error_mode: str = "global") -> None:
+                 capture_error_mode: str = "global", stage_host_constants: bool = False) -> None:
         if not isinstance(cuda_graph, Graph):
             raise OptionsError("cuda_graph", cuda_graph, "a cugraphrt.Graph")
         validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
@@ -108,6 +116,9 @@ class graph:
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
         if stream is not None and not (hasattr(stream, "ptr") or hasattr(stream, "cuda_stream")):
             raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream or None")
+        if not isinstance(stage_host_constants, bool):
+            raise OptionsError("stage_host_constants", stage_host_constants, "True or False")
+        self.stage_host_constants = stage_host_constants
         self.cuda_graph = cuda_graph
         self.pool = pool
         self.capture_error_mode = capture_error_mode
@@ -147,7 +158,8 @@ class graph:
         contexts.enter_context(torch.cuda.stream(torch_stream))
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
-                                                torch_stream, device, warm_up)
+                                                torch_stream, device, warm_up,
+                                                self.stage_host_constants)
         except BaseException:
             contexts.close()
             raise
@@ -177,8 +189,8 @@ class graph:
         return False
 
 
-def warmed_graph(cuda_graph: Graph, pool: MemPool | None,
-                 warm_up: Callable[[], None]) -> graph:
+def warmed_graph(cuda_graph: Graph, pool: MemPool | None, warm_up: Callable[[], None],
+                 stage_host_constants: bool = False) -> graph:
     """A :class:`graph` whose capture first runs ``warm_up()`` on the capture stream, every
     allocation from the capture's pool: the one warm-up of the adapter's captures.
 
@@ -192,7 +204,7 @@ def warmed_graph(cuda_graph: Graph, pool: MemPool | None,
     that stream waits for the warm-ups (the capture reuses their memory, which the caller's
     later replays write).
     """
-    capture = graph(cuda_graph, pool=pool)
+    capture = graph(cuda_graph, pool=pool, stage_host_constants=stage_host_constants)
     capture._warm_up = warm_up
     return capture
 
@@ -241,6 +253,8 @@ class _TorchCapture:
         self.failed: Capture | None = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
         self.recorder: contextlib.AbstractContextManager[None] | None = None
+        #: Host constants staged while the block runs (stage_host_constants), or None.
+        self.constants: HostConstants | None = None
 
     def _new_torch_graph(self):
         import torch
@@ -252,7 +266,8 @@ class _TorchCapture:
 
     @classmethod
     def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int,
-              warm_up: Callable[[], None] | None = None) -> _TorchCapture:
+              warm_up: Callable[[], None] | None = None,
+              stage_host_constants: bool = False) -> _TorchCapture:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device, warm_up)
         try:
@@ -277,9 +292,15 @@ class _TorchCapture:
             session.abort(exc)
             raise
         session.recorder = recorder
+        if stage_host_constants:  # entered last, left first (see _stop_recording)
+            session.constants = HostConstants(capture, device)
+            session.constants.__enter__()
         return session
 
     def _stop_recording(self) -> None:
+        constants, self.constants = self.constants, None
+        if constants is not None:
+            constants.__exit__(None, None, None)
         recorder, self.recorder = self.recorder, None
         if recorder is not None:
             recorder.__exit__(None, None, None)

@@ -2,7 +2,7 @@
 
 The bucket machinery is the core's (:mod:`cugraphrt._callables.buckets`); this module only says how
 torch tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
-captures its one shape (:func:`~._warm_up.warmed_capture`): under ``torch.no_grad()``, a
+captures its one shape (:func:`~._warm_up.capture_module`): under ``torch.no_grad()``, a
 capture owned by torch's ``CUDAGraph`` with memory from the family's cugraphrt pool, the first
 (largest) bucket's after warm-ups from that pool.
 """
@@ -21,7 +21,7 @@ from cugraphrt.errors import ReplayError
 from .._internals import tensors as _tensors
 from ..capture._output_check import FIX_COPY, make_check
 from ..capture.framework import TORCH
-from ._warm_up import warmed_capture
+from ._warm_up import capture_module
 
 __all__ = ["BucketedModule"]
 
@@ -64,18 +64,17 @@ class BucketedModule:
         def capture(args: tuple, pool: MemPool, warm: bool) -> CapturedBucket:
             with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
                     cupy.cuda.Device(device):
-                # Kept, to instantiate it apart and measure the executable (BucketStat).
-                cuda_graph = Graph(keep_graph=True)
-                session = warmed_capture(cuda_graph, pool, module, args,
-                                         num_warmup_iters if warm else 0)
                 leaves = [a for a in args if isinstance(a, torch.Tensor)]
                 versions = _tensors.versions(leaves)
-                with session:
-                    outputs = module(*args)
+                # Kept, to instantiate it apart and measure the executable (BucketStat).
+                session, outputs = capture_module(
+                    lambda: Graph(keep_graph=True), pool, module, args,
+                    num_warmup_iters if warm else 0)
                 written = _tensors.moved(leaves, versions) if inputs == "rebind" else None
+                captured = session.captured
+                assert captured is not None  # set by a successful capture
+                cuda_graph = captured.graph
                 exec_bytes = instantiate_measured(cuda_graph)
-            captured = session.captured
-            assert captured is not None  # set by a successful capture
             # Torch's own replay, on torch's current stream, past the pool-order checks: the
             # bucket graphs of one pool may replay in any order (see the buckets module).
             # ``launch`` is disarmed by a reset, where torch's bound method would keep torch's

@@ -31,7 +31,7 @@ from ..capture import _torch
 from ..capture._adopted import CapturedGraph
 from ..capture._output_check import FIX_COPY, checkable, make_check
 from ..capture.framework import TORCH
-from ._warm_up import warmed_capture
+from ._warm_up import capture_module
 from .bucketed import BucketedModule
 
 __all__ = ["graph_module", "GraphedModule"]
@@ -132,15 +132,12 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.
         static = tuple(a.clone() if a.is_inference() else a for a in args)
-        cuda_graph = Graph()
-        capture = warmed_capture(cuda_graph, pool, module, static, options.num_warmup_iters)
         versions = _tensors.versions(static)  # what rebinding copies back (inputs="rebind")
-        with capture:
-            outputs = module(*static)
+        capture, outputs = capture_module(Graph, pool, module, static, options.num_warmup_iters)
         written = _tensors.moved(static, versions) if inputs == "rebind" else None
     captured = capture.captured
     assert captured is not None  # set by a successful capture
-    order = order_for(cuda_graph.pool())
+    order = order_for(captured.graph.pool())
     check = None if options.copy_outputs else make_check(
         options.check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
     return GraphedModule(module, captured, static, outputs, options.copy_outputs, strict,

@@ -1,0 +1,95 @@
+"""Host constants (stage_host_constants) without a GPU: what the capture's mode stages, what
+it refuses, and how a refused host copy is recognised and explained. The staging itself (the
+pinned copy and the captured memcpy) is replaced by a recorder; tests/torch/
+test_host_constants_gpu.py runs it for real."""
+
+from __future__ import annotations
+
+import numpy
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from cugraphrt_torch.capture import _errors  # noqa: E402
+from cugraphrt_torch.capture._host_constants import (  # noqa: E402
+    HostConstants,
+    _index_list,
+    _moves_to_cuda,
+)
+
+from cugraphrt import CaptureError  # noqa: E402
+
+
+@pytest.fixture
+def staged(monkeypatch):
+    """Replaces staging with a recorder: the 'staged' tensor stays on the CPU."""
+    seen: list = []
+
+    def stage(self, cpu):
+        seen.append(cpu.detach().clone())
+        return cpu
+
+    monkeypatch.setattr(HostConstants, "_stage", stage)
+    return seen
+
+
+def test_factories_with_a_cuda_device_are_staged(staged):
+    mode = HostConstants(capture=None, device=0)
+    with mode:
+        torch.tensor(0.5, device="cuda")
+        torch.as_tensor([1, 2, 3], device="cuda:0")
+        torch.as_tensor(numpy.array([4.0]), device=torch.device("cuda"))
+        torch.asarray([[1, 0]], device=0, dtype=torch.int32)
+        torch.tensor([7.0])  # a CPU tensor: nothing to stage
+    assert [t.tolist() for t in staged] == [0.5, [1, 2, 3], [4.0], [[1, 0]]]
+    assert staged[3].dtype == torch.int32
+
+
+def test_tensors_made_inside_are_constants_and_older_pageable_ones_are_refused(staged):
+    older = torch.arange(3.0)
+    mode = HostConstants(capture=None, device=0)
+    with mode:
+        grid = torch.stack(torch.meshgrid(torch.arange(2), torch.arange(3), indexing="ij"))
+        moved = grid.float()[None]
+        with pytest.raises(CaptureError, match=r"made before the capture \(a torch.float32 "
+                                               r"tensor of shape \(3,\)\)") as info:
+            older.to("cuda")
+        assert "pin_memory()" in str(info.value)
+        with pytest.raises(CaptureError, match="made before the capture"):
+            older.cuda()
+    assert mode._to_device(moved, "moved") is moved  # made inside: staged
+    assert torch.equal(staged[-1], moved)
+    with pytest.raises(CaptureError, match="made before the capture"):
+        mode._to_device(older, "moved")
+
+
+def test_index_lists_become_staged_index_tensors(staged):
+    mode = HostConstants(capture=None, device=0)
+    assert torch.equal(mode._index([2, 0]), torch.tensor([2, 0]))
+    assert mode._index(slice(None)) == slice(None) and mode._index(3) == 3
+    assert _index_list([1, True]) and _index_list([[0], [1]])
+    assert not _index_list([]) and not _index_list([0.5]) and not _index_list([slice(1)])
+    assert [t.tolist() for t in staged] == [[2, 0]]
+
+
+def test_what_moves_to_the_device():
+    t = torch.ones(2)
+    assert _moves_to_cuda(torch.Tensor.to, (t, "cuda"), {})
+    assert _moves_to_cuda(torch.Tensor.to, (t,), {"device": torch.device("cuda", 1)})
+    assert _moves_to_cuda(torch.Tensor.to, (t, 0), {})
+    assert _moves_to_cuda(torch.Tensor.cuda, (t,), {})
+    assert not _moves_to_cuda(torch.Tensor.to, (t, torch.float16), {})
+    assert not _moves_to_cuda(torch.Tensor.to, (t, "cpu"), {})
+
+
+def test_a_refused_host_copy_is_recognised_and_names_the_option():
+    torch_error = RuntimeError("Cannot copy between CPU and CUDA tensors during CUDA graph "
+                               "capture unless the CPU tensor is pinned.")
+    translated = _errors.capture_error(torch_error)
+    assert isinstance(translated, CaptureError)
+    assert "stage_host_constants=True" in str(translated)
+    try:
+        raise translated from torch_error
+    except CaptureError as exc:
+        assert _errors.is_host_copy(exc)
+    assert not _errors.is_host_copy(CaptureError("operation not permitted"))
