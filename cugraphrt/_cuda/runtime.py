@@ -417,6 +417,14 @@ def device_name(index: int) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def is_pinned_host(ptr: int) -> bool:
+    """Whether host address ``ptr`` is page-locked (``cudaPointerGetAttributes``)."""
+    try:
+        return int(runtime.pointerGetAttributes(ptr).type) == runtime.memoryTypeHost
+    except runtime.CUDARuntimeError:  # pageable memory, as older drivers report it
+        return False
+
+
 def malloc(nbytes: int) -> int:
     """``cudaMalloc`` on the current device; raises :data:`CUDARuntimeError` (the caller
     tells out-of-memory apart)."""
