@@ -38,11 +38,13 @@ def test_factories_with_a_cuda_device_are_staged(staged):
     with mode:
         torch.tensor(0.5, device="cuda")
         torch.as_tensor([1, 2, 3], device="cuda:0")
-        torch.as_tensor(numpy.array([4.0]), device=torch.device("cuda"))
+        with pytest.warns(UserWarning, match=r"NumPy array \(float64, shape \(1,\)\)"):
+            torch.as_tensor(numpy.array([4.0]), device=torch.device("cuda"))
+        torch.as_tensor(numpy.array([5.0]), device="cuda")  # warned once per capture
         torch.asarray([[1, 0]], device=0, dtype=torch.int32)
         torch.tensor([7.0])  # a CPU tensor: nothing to stage
-    assert [t.tolist() for t in staged] == [0.5, [1, 2, 3], [4.0], [[1, 0]]]
-    assert staged[3].dtype == torch.int32
+    assert [t.tolist() for t in staged] == [0.5, [1, 2, 3], [4.0], [5.0], [[1, 0]]]
+    assert staged[4].dtype == torch.int32
 
 
 def test_tensors_made_inside_are_constants_and_older_pageable_ones_are_refused(staged):

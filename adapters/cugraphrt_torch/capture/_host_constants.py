@@ -13,9 +13,10 @@ there by a captured memcpy: every replay copies the same bytes, as every eager c
 What is a constant, and what is not:
 
 * staged (read once, at capture): Python values and lists given to ``torch.tensor``,
-  ``torch.as_tensor`` or ``torch.asarray`` with a CUDA device, NumPy arrays given to them,
-  index lists and tuples of Python ints or bools, and CPU tensors made inside the captured
-  code (by any torch function) then moved or copied to the device;
+  ``torch.as_tensor`` or ``torch.asarray`` with a CUDA device, NumPy arrays given to them (a
+  UserWarning says once per capture that later changes are not seen), index lists and tuples
+  of Python ints or bools, and CPU tensors made inside the captured code (by any torch
+  function) then moved or copied to the device;
 * read at every replay: a pinned CPU tensor made before the capture (its copy is captured
   from its own memory, as ``torch.cuda.graph`` does);
 * refused: a pageable CPU tensor made before the capture and copied to the device inside it.
@@ -25,10 +26,12 @@ What is a constant, and what is not:
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+import numpy
 import torch
 from torch.overrides import TorchFunctionMode
 
@@ -54,6 +57,7 @@ class HostConstants(TorchFunctionMode):
         #: CPU tensors made inside the captured code, by id (a WeakSet would compare
         #: tensors with ==, which is elementwise): constants when moved to the device.
         self._made: dict[int, weakref.ref] = {}
+        self._warned = False  # about a NumPy array (once per capture)
         self.staged = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -80,6 +84,14 @@ class HostConstants(TorchFunctionMode):
             moved = self._to_device(data, f"given to {func.__name__}()")
             return func(moved, *args[1:], **{k: v for k, v in kwargs.items()
                                               if k not in ("data", "obj")})
+        if isinstance(data, numpy.ndarray) and not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"torch.{func.__name__}() of a NumPy array ({data.dtype}, shape {data.shape}) "
+                f"during a capture with stage_host_constants: its values were copied now, and "
+                f"every replay copies these (the graph does not see later changes to the "
+                f"array); for host data that changes, copy it into a pinned tensor made "
+                f"before the capture (read at every replay)", UserWarning, stacklevel=3)
         grad = bool(kwargs.get("requires_grad", False))  # as_tensor has no such argument
         host = {k: v for k, v in kwargs.items()
                 if k not in ("device", "pin_memory", "requires_grad")}
