@@ -10,7 +10,8 @@
   :func:`make_graphed_callables`, swapping the names is the whole migration
   (``docs/migrating.md``).
 * :func:`graph_module`: a module's inference forward as a replayed graph, or with
-  ``buckets`` one graph per shape bucket (:class:`BucketedModule`).
+  ``buckets`` one graph per shape bucket (:class:`BucketedModule`), or with ``pieces`` in
+  pieces around the statements that need the host (:class:`PiecewiseModule`).
 * :func:`while_loop` / :func:`cond`: loops and branches decided on the device, captured
   as CUDA conditional nodes (``docs/control-flow.md``).
 * :class:`Generator`: greedy generation of a Hugging Face causal LM, many tokens per launch
@@ -38,10 +39,11 @@ from .control.control import cond, while_loop
 from .generation.generation import Generator, GeneratorStats
 from .inference.bucketed import BucketedModule
 from .inference.module import GraphedModule, graph_module
+from .inference.pieces import PiecewiseModule
 
 __all__ = ["__version__", "BucketedModule", "CUDAGraph", "CapturedGraph", "CompileOptions",
            "GraphedModule",
            "Generator", "GeneratorStats", "compile_report", "cond", "format_compile_report",
            "from_cupy", "graph",
            "graph_module", "graph_pool_handle", "is_current_stream_capturing",
-           "make_graphed_callables", "to_cupy", "while_loop"]
+           "make_graphed_callables", "PiecewiseModule", "to_cupy", "while_loop"]

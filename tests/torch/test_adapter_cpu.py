@@ -32,7 +32,8 @@ def test_public_names():
                                             "__version__", "while_loop", "cond",
                                             "CUDAGraph", "graph_pool_handle",
                                             "is_current_stream_capturing", "Generator",
-                                            "GeneratorStats", "CapturedGraph"}
+                                            "GeneratorStats", "CapturedGraph",
+                                            "PiecewiseModule"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

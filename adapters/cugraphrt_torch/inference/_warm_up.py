@@ -49,8 +49,20 @@ def capture_module(make_graph: Callable[[], Graph], pool: MemPool | None, module
             return session, module(*args)
     except CaptureError as exc:
         if not is_host_copy(exc):
+            _hint_pieces(exc)
             raise
     session = warmed_capture(make_graph(), pool, module, args, iterations,
                              stage_host_constants=True)
-    with session:
-        return session, module(*args)
+    try:
+        with session:
+            return session, module(*args)
+    except CaptureError as exc:
+        _hint_pieces(exc)
+        raise
+
+
+def _hint_pieces(exc: CaptureError) -> None:
+    """Add to the error (same type, same chain) that ``pieces=True`` graphs around it."""
+    if exc.args and isinstance(exc.args[0], str) and "pieces=True" not in exc.args[0]:
+        exc.args = (f"{exc.args[0]} To graph the rest of the module around such a "
+                    f"statement, call graph_module(..., pieces=True).", *exc.args[1:])

@@ -33,6 +33,7 @@ from ..capture._output_check import FIX_COPY, checkable, make_check
 from ..capture.framework import TORCH
 from ._warm_up import capture_module
 from .bucketed import BucketedModule
+from .pieces import PiecewiseModule
 
 __all__ = ["graph_module", "GraphedModule"]
 
@@ -44,8 +45,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
                  strict: bool = False, buckets: Any = None,
                  dynamic_dim: int | tuple[int | None, ...] = 0, pad: Any = 0,
                  memory_budget: int | None = None,
-                 check_outputs: bool | None = None,
-                 inputs: str = "copy") -> GraphedModule | BucketedModule:
+                 check_outputs: bool | None = None, inputs: str = "copy",
+                 pieces: bool = False) -> GraphedModule | BucketedModule | PiecewiseModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
     The sample tensors become the graph's static inputs. Each call copies its tensors into
@@ -95,16 +96,25 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         forward writes in place (their version counters moved during the capture) are
         copied back to the caller's tensors after the replay. See docs/rebinding.md.
 
+    pieces : bool, default False
+        Graph the module in pieces around the statements that need the host (a value read
+        on the host, a shape made from data: detection's non-maximum suppression), through
+        the compile backend with eager's kernels: every piece between them is captured on
+        the sample call and replayed, the statements between run eagerly, and the calls
+        equal eager's (:class:`PiecewiseModule`; docs/torch.md, "In pieces"). Only
+        ``num_warmup_iters`` applies with it.
+
     Returns
     -------
-    GraphedModule, or BucketedModule with ``buckets``
+    GraphedModule, BucketedModule with ``buckets``, or PiecewiseModule with ``pieces``
 
     Raises
     ------
     OptionsError
         For a bad argument.
     CaptureError
-        If the forward does something capture forbids (host syncs, data-dependent shapes).
+        If the forward does something capture forbids (host syncs, data-dependent shapes);
+        the message suggests ``pieces=True``.
     """
     options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
                                copy_outputs=copy_outputs, check_outputs=check_outputs)
@@ -116,6 +126,14 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     args = _sample_tuple(sample_args)
     device = _sample_device(module, args)
     _torch.require_cuda("cugraphrt_torch.graph_module()")
+    if not isinstance(pieces, bool):
+        raise OptionsError("pieces", pieces, "True or False")
+    if pieces:
+        if buckets is not None or inputs != "copy":
+            raise OptionsError("pieces", pieces, "pieces=True without buckets or "
+                               "inputs='rebind' (the compile backend has its own buckets: "
+                               "docs/compile.md)")
+        return PiecewiseModule(module, args, num_warmup_iters=options.num_warmup_iters)
     if buckets is not None:
         if pool is not None and not isinstance(pool, MemPool):
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
