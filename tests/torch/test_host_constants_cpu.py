@@ -95,3 +95,39 @@ def test_a_refused_host_copy_is_recognised_and_names_the_option():
     except CaptureError as exc:
         assert _errors.is_host_copy(exc)
     assert not _errors.is_host_copy(CaptureError("operation not permitted"))
+
+
+# -- mixture-of-experts models: batched_mm while captured -------------------------------------
+
+def test_a_moe_model_runs_batched_mm_experts_while_captured_and_gets_its_own_back():
+    transformers = pytest.importorskip("transformers")
+    from cugraphrt_torch._internals.transformers import graph_safe_experts
+
+    config = transformers.MixtralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64)
+    model = transformers.MixtralForCausalLM(config).eval()
+    own = model.get_experts_implementation()
+    assert own[""] != "batched_mm"
+    ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), graph_safe_experts(model) as switched:
+        assert switched and model.get_experts_implementation() == {"": "batched_mm"}
+        inside = model(ids).logits
+    assert model.get_experts_implementation() == own
+    model.set_experts_implementation("batched_mm")
+    with torch.no_grad():
+        assert torch.equal(inside, model(ids).logits)  # what ran inside was batched_mm
+    with graph_safe_experts(model) as switched:  # already graph-safe: left as it is
+        assert not switched
+    llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=4))
+    for plain in (llama, torch.nn.Linear(2, 2)):
+        with graph_safe_experts(plain) as switched:
+            assert not switched
+    model.set_experts_implementation(own)  # a MoE model inside a wrapper module is found
+    wrapper = torch.nn.Sequential(torch.nn.Identity(), torch.nn.ModuleList([model]))
+    with graph_safe_experts(wrapper) as switched:
+        assert switched and model.get_experts_implementation() == {"": "batched_mm"}
+    assert model.get_experts_implementation() == own

@@ -13,6 +13,7 @@ from typing import Any
 from cugraphrt import Graph, MemPool
 from cugraphrt.errors import CaptureError
 
+from .._internals import transformers as _transformers
 from ..capture._errors import is_host_copy
 from ..capture.capture import graph, warmed_graph
 
@@ -42,7 +43,16 @@ def capture_module(make_graph: Callable[[], Graph], pool: MemPool | None, module
     it is captured again (into a new graph) with its host constants staged
     (``stage_host_constants``): a forward that passes needs nothing extra, and one that makes
     a constant on the host (``torch.tensor(0.0, device=...)``, an index list) is graphed
-    whole. A pageable CPU tensor made before the capture stays refused, by name."""
+    whole. A pageable CPU tensor made before the capture stays refused, by name. A
+    transformers mixture-of-experts model is warmed up and captured with its experts in
+    transformers' ``batched_mm`` implementation, which reads no routing on the host; its own
+    implementation comes back after the capture (eager calls keep it)."""
+    with _transformers.graph_safe_experts(module):
+        return _capture_module(make_graph, pool, module, args, iterations)
+
+
+def _capture_module(make_graph: Callable[[], Graph], pool: MemPool | None, module,
+                    args: tuple, iterations: int) -> tuple[graph, Any]:
     session = warmed_capture(make_graph(), pool, module, args, iterations)
     try:
         with session:
