@@ -1,0 +1,64 @@
+"""The zoo's catalog and comparison without a GPU: tiny transformers configs build and run on
+the CPU for one architecture of each kind, outputs flatten in a fixed order, and a comparison
+names how outputs differ."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cugraphrt.bench import workloads_zoo, zoo_models  # noqa: E402
+
+KINDS = {"llama": "tokens", "mixtral": "tokens", "bert": "tokens", "t5": "seq2seq",
+         "vit": "pixels", "swin": "pixels", "whisper": "speech", "wav2vec2": "audio",
+         "clip": "text+pixels"}
+
+
+@pytest.mark.parametrize("model_type", list(KINDS))
+def test_tiny_configs_build_and_run(model_type):
+    auto = next(a for t, a, _ in zoo_models._HF if t == model_type)
+    config = zoo_models._tiny_config(model_type)
+    model = getattr(transformers, auto).from_config(config).eval()
+    ids = torch.randint(3, 256, (1, 16))
+    pixels = torch.rand(1, 3, zoo_models.PIXELS, zoo_models.PIXELS)
+    kind = KINDS[model_type]
+    with torch.no_grad():
+        if kind == "tokens":
+            out = model(input_ids=ids)
+        elif kind == "seq2seq":
+            out = model(input_ids=ids, decoder_input_ids=ids[:, :8], use_cache=False)
+        elif kind == "pixels":
+            out = model(pixel_values=pixels)
+        elif kind == "speech":
+            out = model(input_features=torch.rand(1, config.num_mel_bins,
+                                                  2 * config.max_source_positions),
+                        decoder_input_ids=ids[:, :4], use_cache=False)
+        elif kind == "audio":
+            out = model(input_values=torch.rand(1, 4000))
+        else:
+            out = model(input_ids=ids, pixel_values=pixels)
+    tensors = zoo_models.flatten_outputs(torch, out)
+    assert tensors and all(isinstance(t, torch.Tensor) for t in tensors)
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000  # tiny indeed
+
+
+def test_catalog_and_filter():
+    hf = zoo_models.transformers_models()
+    assert len(hf) >= 30 and len({m.name for m in hf}) == len(hf)
+    assert {"mixtral", "qwen3_moe", "gpt_oss", "falcon", "bloom"} <= {m.name for m in hf}
+    assert {m.family for m in hf} >= {"transformers tokens", "transformers seq2seq",
+                                      "transformers pixels", "transformers speech"}
+
+
+def test_outputs_flatten_in_key_order_and_compare_names_the_difference():
+    a, b = torch.ones(2), torch.zeros(3)
+    assert zoo_models.flatten_outputs(torch, {"z": a, "a": [b, (a,)]}) == (b, a, a)
+    assert workloads_zoo._compare(torch, (a, b), (a.clone(), b.clone())) == 1.0
+    with pytest.raises(RuntimeError, match=r"largest difference 0\.5"):
+        workloads_zoo._compare(torch, (a,), (a - 0.5,))
+    with pytest.raises(RuntimeError, match=r"shape \(3,\), eager's \(2,\)"):
+        workloads_zoo._compare(torch, (b,), (a,))
+    with pytest.raises(RuntimeError, match="2 outputs, eager has 1"):
+        workloads_zoo._compare(torch, (a, b), (a,))
