@@ -190,8 +190,9 @@ class Generator:
             With ``sampling=True``: each row's random stream. An int seeds row ``r`` with
             ``seed + r``; a ``torch.Generator`` gives each row a seed drawn from it; a
             sequence gives one per row. Default: seeds drawn from torch's default CPU
-            generator (``torch.manual_seed`` makes the call reproducible). A row's tokens
-            depend on its seed only: not on the other rows, the buckets or ``chunk``.
+            generator (``torch.manual_seed`` makes the call reproducible). A row's draws
+            depend on its seed only; its tokens also on its logits, which another batch
+            bucket may round otherwise (docs/generation.md, "Sampling").
         **sampling
             With ``sampling=True``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
             ``min_p``, ``repetition_penalty``, as ``generate`` takes them, defaulting to the
