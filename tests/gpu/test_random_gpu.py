@@ -204,7 +204,9 @@ def test_row_draws_match_the_numpy_reference(rng):
     np.testing.assert_allclose(noise, reference_rows(seeds, [step] * 5, n, "gumbel"),
                                rtol=2e-6, atol=2e-6)
     assert first.min() > 0 and first.max() < 1 and np.isfinite(noise).all()
-    assert abs(float(noise.mean()) - 0.5772) < 0.02  # the Euler-Mascheroni constant
+    # Gumbel noise has mean 0.5772 (the Euler-Mascheroni constant) and standard deviation
+    # 1.28: over 5,005 draws the mean is within 0.07 of it (3.9 standard errors).
+    assert abs(float(noise.mean()) - 0.5772) < 0.07
 
 
 def test_a_rows_stream_ignores_the_other_rows():

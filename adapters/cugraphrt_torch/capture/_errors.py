@@ -48,6 +48,8 @@ _STATUS_TEXTS = {
     "dependency created on uncaptured work in another stream": _cuda.CAPTURE_ISOLATION,
 }
 _HOST_COPY_TEXT = "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+_HOST_COPY_WHAT = ("copies between host and device memory, which capture allows only from "
+                   "pinned memory")
 _ADVICE = (
     "The capture was rolled back. Keep host reads (.item(), .cpu(), .tolist(), printing), "
     "data-dependent shapes (nonzero, boolean masks, unique) and host-to-device copies from "
@@ -63,8 +65,7 @@ _OPERATIONS = (
     (re.compile(r"\.?(nonzero|masked_select|unique|unique_consecutive|argwhere|"
                 r"repeat_interleave)\s*\("),
      "has an output shape that depends on the data, so torch reads a count back to the host"),
-    (re.compile(r"\.(to|cuda)\s*\(|torch\.(tensor|as_tensor)\s*\("),
-     "copies between host and device memory, which capture allows only from pinned memory"),
+    (re.compile(r"\.(to|cuda)\s*\(|torch\.(tensor|as_tensor)\s*\("), _HOST_COPY_WHAT),
     (re.compile(r"\.synchronize\s*\(|\.query\s*\("),
      "waits for the device, which capture forbids"),
     (re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|"
@@ -170,7 +171,8 @@ def is_host_copy(exc: BaseException) -> bool:
     from pageable memory during a capture: what staging host constants may fix."""
     seen: BaseException | None = exc
     while seen is not None:
-        if _HOST_COPY_TEXT in str(seen):
+        # torch's own refusal, or a CUDA status on a line that copies host memory.
+        if _HOST_COPY_TEXT in str(seen) or _HOST_COPY_WHAT in str(seen):
             return True
         seen = seen.__cause__
     return False
