@@ -181,3 +181,30 @@ def test_sampling_generator_keeps_greedy_tokens_and_the_penalty(setup):
         expected = _reference(model, ids, mask, max_new_tokens=40, **kwargs)
         got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0, **kwargs)
         assert torch.equal(got, expected), kwargs
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_models_keep_generates_tokens(arch):
+    """Decode graphs capture the experts in transformers' batched_mm, which generate's own
+    decoding uses on a GPU; the prefill keeps the model's implementation, as generate's."""
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=32000, hidden_size=256, intermediate_size=512,
+                  num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                  max_position_embeddings=512)
+    if arch == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                 **common))
+    else:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=256, head_dim=32,
+                                                   **common))
+    model = model.to("cuda", torch.bfloat16).eval()
+    own = model.get_experts_implementation()
+    generator = Generator(model, max_length=128, batch_buckets=(4,))
+    ids, mask = _prompts([5, 9, 17], seed=8)
+    expected = _reference(model, ids, mask, max_new_tokens=40)
+    got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert model.get_experts_implementation() == own

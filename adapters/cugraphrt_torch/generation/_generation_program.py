@@ -27,7 +27,9 @@ What the bodies compute is what Hugging Face's greedy ``generate`` computes with
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -107,6 +109,13 @@ class Program:
         #: With sampling: the rows' settings and random streams (a step draws its noise
         #: before the step, outside the compiled code: the draw is a CuPy kernel).
         self.sampler = sampler
+        # Decode steps on a GPU run a mixture-of-experts model's experts with transformers'
+        # batched_mm, as generate's decoding does (_optimize_model_for_decode), which is also
+        # what a capture can record (no routing read on the host); the prefill keeps the
+        # model's own, as generate's. On the CPU generate keeps the model's own throughout.
+        self._decode_experts: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            (lambda: _transformers.graph_safe_experts(model))
+            if state.ids.device.type == "cuda" else contextlib.nullcontext)
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
         parameters = inspect.signature(model.forward).parameters
@@ -165,13 +174,14 @@ class Program:
     def decode(self, rows: int, length: int) -> None:
         """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
         while_loop body)."""
-        if self.sampler is not None:
-            self.sampler.draw()
-        if not self.compiled:
-            self._step(self._view(rows, length), rows)
-            return
-        with _compile.recompile_limit(self._recompile_limit):
-            self.step(self._view(rows, length), rows)
+        with self._decode_experts():
+            if self.sampler is not None:
+                self.sampler.draw()
+            if not self.compiled:
+                self._step(self._view(rows, length), rows)
+                return
+            with _compile.recompile_limit(self._recompile_limit):
+                self.step(self._view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:
         state = self.state
