@@ -62,3 +62,43 @@ def test_outputs_flatten_in_key_order_and_compare_names_the_difference():
         workloads_zoo._compare(torch, (b,), (a,))
     with pytest.raises(RuntimeError, match="2 outputs, eager has 1"):
         workloads_zoo._compare(torch, (a, b), (a,))
+
+
+def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
+    """run_zoo over two stand-in models (the captures replaced: no GPU here): one every
+    system graphs, one graph_module cannot take whole but takes in pieces."""
+    from cugraphrt.bench.spec import Context, Failed
+    from cugraphrt.bench.timing import Summary
+
+    def build(torch):
+        return torch.nn.Linear(4, 4), (torch.ones(2, 4),)
+
+    models = [zoo_models.ZooModel("fake family", "fine", build),
+              zoo_models.ZooModel("fake family", "hostread", build)]
+    monkeypatch.setattr(workloads_zoo, "zoo_models", lambda families=None: models)
+    monkeypatch.setattr(workloads_zoo, "missing_package", lambda *names: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    seen = []
+
+    def whole(torch, module, inputs, fresh):
+        seen.append(len(seen))
+        if len(seen) == 2:  # the second model
+            raise RuntimeError("`float(y.sum())` cannot be captured")
+        return tuple(t.clone() for t in zoo_models.flatten_outputs(torch, module(*fresh)))
+
+    monkeypatch.setattr(workloads_zoo, "_torch_graph", lambda torch, m, i, f: tuple(
+        zoo_models.flatten_outputs(torch, m(*f))))
+    monkeypatch.setattr(workloads_zoo, "_whole", whole)
+    monkeypatch.setattr(workloads_zoo, "_pieces", lambda torch, m, i, f: (
+        zoo_models.flatten_outputs(torch, m(*f)), 0.5))
+    ctx = Context(selected=True)
+    workloads_zoo.run_zoo(ctx)
+    rows = {row.metric: row.cells for row in ctx.rows}
+    fine, hostread = rows["fake family: fine"], rows["fake family: hostread"]
+    assert all(isinstance(fine[s], Summary) and fine[s].median == 1.0
+               for s in workloads_zoo.SYSTEMS)
+    assert isinstance(hostread["cugraphrt"], Failed)
+    assert "cannot be captured" in hostread["cugraphrt"].message
+    assert hostread["cugraphrt_pieces"].median == 0.5  # the fraction of pieces graphed
+    total = rows[workloads_zoo.TOTAL]
+    assert [total[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
