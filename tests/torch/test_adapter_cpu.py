@@ -312,3 +312,36 @@ def test_require_gpu_fails_torch_gpu_tests_on_a_cpu_only_torch():
                              env=env)
     assert lenient.returncode == 5 or "skipped" in lenient.stdout, lenient.stdout[-2000:]
     assert "needs a CUDA build of torch" in lenient.stdout
+
+
+def test_a_workspace_owners_captures_keep_torchs_cached_workspaces(monkeypatch):
+    """blas_workspaces_for: captures of one owner (a Generator) share torch's cached cuBLAS
+    workspaces; any other capture, or an owner that died, drops them first."""
+    import gc
+
+    from cugraphrt_torch.capture import _torch
+
+    clears: list[int] = []
+    monkeypatch.setattr(_torch._cuda_internals, "clear_cublas_workspaces",
+                        lambda: clears.append(1))
+
+    class Owner:
+        pass
+
+    first, second = Owner(), Owner()
+    _torch.blas_workspaces_for(first)
+    _torch.blas_workspaces_for(first)  # its own: kept
+    assert len(clears) == 1
+    _torch.blas_workspaces_for(second)  # another owner's: dropped
+    _torch.blas_workspaces_for(None)  # a capture of nobody's: dropped, every time
+    _torch.blas_workspaces_for(None)
+    assert len(clears) == 4
+    _torch.blas_workspaces_for(second)
+    _torch.drop_blas_workspaces()  # dropped elsewhere: the owner's next capture drops too
+    _torch.blas_workspaces_for(second)
+    assert len(clears) == 7
+    del second
+    gc.collect()
+    third = Owner()  # the dead owner's workspaces are nobody's
+    _torch.blas_workspaces_for(third)
+    assert len(clears) == 8

@@ -135,6 +135,26 @@ def test_graphs_share_one_pool_and_report_it(setup):
     assert stats.state_bytes > 0 and stats.capture_s > 0
 
 
+def test_a_generators_graphs_share_one_cublas_workspace():
+    """Its graphs never run at once: the first capture's workspace serves them all (each
+    decode graph's loop body held one of its own before, 32 MiB or more on an H200)."""
+    model = _model("llama")
+    generator = Generator(model, max_length=256, batch_buckets=(8,))
+    generator.capture(8, 200)  # one prefill graph and one decode graph (cache bucket 256)
+    first = generator.stats()
+    generator.capture(8, 16)  # one more prefill graph, three more decode graphs
+    second = generator.stats()
+    added = len(second.prefill_graphs + second.decode_graphs) \
+        - len(first.prefill_graphs + first.decode_graphs)
+    assert added == 4, (first, second)
+    growth = second.pool_reserved_bytes - first.pool_reserved_bytes
+    assert growth < added * (16 << 20), (growth >> 20, added)
+    ids, mask = _prompts([5, 9, 17, 3, 12, 17, 8, 1], seed=9)
+    expected = _reference(model, ids, mask, max_new_tokens=NEW)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0),
+                       expected)
+
+
 # -- sampling (sampling=True) -------------------------------------------------------------
 
 SAMPLED = dict(do_sample=True, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1)

@@ -7,6 +7,8 @@ fails with a clear message only when a CUDA feature is used.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 
 import cupy
 import torch
@@ -23,6 +25,7 @@ __all__ = [
     "stream_handle",
     "stream_pair",
     "drop_blas_workspaces",
+    "blas_workspaces_for",
 ]
 
 _lock = threading.Lock()
@@ -177,4 +180,34 @@ def drop_blas_workspaces() -> None:
     pool lives, whatever torch does to its cache. This is what the graph trees do for their
     own recordings.
     """
+    global _workspace_owner
+    _workspace_owner = _nobody
     _cuda_internals.clear_cublas_workspaces()
+
+
+def _nobody() -> None:
+    return None
+
+
+# Whose captures made the workspaces torch's cache holds now (see blas_workspaces_for): a
+# weak reference, or _nobody.
+_workspace_owner: Callable[[], object | None] = _nobody
+
+
+def blas_workspaces_for(owner: object | None) -> None:
+    """Before a capture begins: drop torch's cached cuBLAS workspaces (as
+    :func:`drop_blas_workspaces`), unless the captures of ``owner`` made them.
+
+    An owner is an object all of whose graphs live and die together and never run at once,
+    such as a ``Generator``'s: they may share one workspace per stream, which the first of
+    them allocates from its pool and the others bake in too (a generator's decode graphs
+    held one each, 455 MiB at batch 8 with the default buckets; issue 54). Anything else
+    that clears the cache in between (another capture, torch.compile's graph trees) makes
+    the next capture allocate afresh: never a workspace of another owner's pool.
+    """
+    global _workspace_owner
+    if owner is not None and _workspace_owner() is owner:
+        return
+    drop_blas_workspaces()
+    if owner is not None:
+        _workspace_owner = weakref.ref(owner)

@@ -129,6 +129,8 @@ class graph:
         #: Warm-ups run on the capture stream right before the capture begins, their memory
         #: from its pool (see :func:`warmed_graph`); None: none.
         self._warm_up: Callable[[], None] | None = None
+        #: An object whose captures share torch's cuBLAS workspaces (see warmed_graph).
+        self._workspace_owner: object | None = None
 
     @property
     def torch_graph(self):
@@ -159,7 +161,7 @@ class graph:
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
                                                 torch_stream, device, warm_up,
-                                                self.stage_host_constants)
+                                                self.stage_host_constants, self._workspace_owner)
         except BaseException:
             contexts.close()
             raise
@@ -190,7 +192,8 @@ class graph:
 
 
 def warmed_graph(cuda_graph: Graph, pool: MemPool | None, warm_up: Callable[[], None],
-                 stage_host_constants: bool = False) -> graph:
+                 stage_host_constants: bool = False,
+                 workspace_owner: object | None = None) -> graph:
     """A :class:`graph` whose capture first runs ``warm_up()`` on the capture stream, every
     allocation from the capture's pool: the one warm-up of the adapter's captures.
 
@@ -203,9 +206,14 @@ def warmed_graph(cuda_graph: Graph, pool: MemPool | None, warm_up: Callable[[], 
     stream waits for the stream current at entry (the caller's work the warm-ups read), and
     that stream waits for the warm-ups (the capture reuses their memory, which the caller's
     later replays write).
+
+    ``workspace_owner``: an object all of whose graphs live and die together and never run
+    at once (a Generator): its captures share one cuBLAS workspace per stream instead of
+    each making its own (:func:`_torch.blas_workspaces_for`).
     """
     capture = graph(cuda_graph, pool=pool, stage_host_constants=stage_host_constants)
     capture._warm_up = warm_up
+    capture._workspace_owner = workspace_owner
     return capture
 
 
@@ -255,6 +263,8 @@ class _TorchCapture:
         self.recorder: contextlib.AbstractContextManager[None] | None = None
         #: Host constants staged while the block runs (stage_host_constants), or None.
         self.constants: HostConstants | None = None
+        #: Whose captures share torch's cuBLAS workspaces with this one (see warmed_graph).
+        self.workspace_owner: object | None = None
 
     def _new_torch_graph(self):
         import torch
@@ -266,10 +276,11 @@ class _TorchCapture:
 
     @classmethod
     def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int,
-              warm_up: Callable[[], None] | None = None,
-              stage_host_constants: bool = False) -> _TorchCapture:
+              warm_up: Callable[[], None] | None = None, stage_host_constants: bool = False,
+              workspace_owner: object | None = None) -> _TorchCapture:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device, warm_up)
+        session.workspace_owner = workspace_owner
         try:
             capture = core.begin_capture(cuda_graph, session.pool, mode, start=session._start)
         except BaseException:
@@ -309,8 +320,9 @@ class _TorchCapture:
         """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
         # The capture's matmuls get a workspace from its pool, not torch's shared cache,
         # which torch.compile's graph trees clear and free (see drop_blas_workspaces): the
-        # warm-ups create it there, or else the capture does.
-        _torch.drop_blas_workspaces()
+        # warm-ups create it there, or else the capture does; or it is the one the captures
+        # of its workspace owner share.
+        _torch.blas_workspaces_for(self.workspace_owner)
         if self.warm_up is not None:
             with _alloc.warming(self.pool, token, self.mempool, self.device):
                 self.warm_up()
@@ -346,7 +358,8 @@ class _TorchCapture:
                 translated = CaptureError(f"torch could not end the capture (got: {exc}); "
                                           f"see the chained exception")
             raise translated from exc
-        _torch.drop_blas_workspaces()  # nothing after the capture shares its workspace
+        if self.workspace_owner is None:  # nothing after the capture shares its workspace
+            _torch.drop_blas_workspaces()
         return int(self.torch_graph.raw_cuda_graph())
 
     def end(self):

@@ -318,7 +318,8 @@ class Generator:
             (warm or body)()
 
         cuda_graph = Graph()
-        session = warmed_graph(cuda_graph, self.pool, warm_up)
+        # One cuBLAS workspace per stream for all of them: they never run at once.
+        session = warmed_graph(cuda_graph, self.pool, warm_up, workspace_owner=self)
         with torch.cuda.device(self.device), session:
             body()
         captured = session.captured
