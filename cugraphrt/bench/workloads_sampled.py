@@ -75,7 +75,6 @@ def run_generate_sampled(ctx: Context) -> None:
     import torch
     from cugraphrt_torch import Generator
 
-    torch.set_grad_enabled(False)
     model = llama(torch)
     length = PROMPT + NEW
     makers = {"cugraphrt": lambda: Generator(model, max_length=length, sampling=True),
@@ -84,9 +83,10 @@ def run_generate_sampled(ctx: Context) -> None:
     first = rows[_per_token(BATCHES[0])]
     generators = {name: first.setup(name, make) for name, make in makers.items()}
     graphless = Generator(model, max_length=length, sampling=True, graphed=False)
-    for batch in BATCHES:
-        ctx.step(f"batch {batch}")
-        _batch(ctx, torch, model, generators, graphless, batch, rows)
+    with torch.no_grad():  # scoped: workloads after this one may train
+        for batch in BATCHES:
+            ctx.step(f"batch {batch}")
+            _batch(ctx, torch, model, generators, graphless, batch, rows)
 
 
 def _batch(ctx: Context, torch, model, generators: dict, graphless: Any, batch: int,

@@ -45,13 +45,14 @@ def run_zoo(ctx: Context) -> None:
         return
     import torch
 
-    torch.set_grad_enabled(False)
     counts: dict[str, dict[str, float]] = {}
     for model in zoo_models(os.environ.get("CUGRAPHRT_ZOO_FAMILIES")):
         ctx.step(f"{model.family}: {model.name}")
         row = RowBuilder(f"{model.family}: {model.name}", "equal", SYSTEMS, "eager", "cugraphrt")
         family = counts.setdefault(model.family, dict.fromkeys(SYSTEMS, 0.0))
-        for system, value in _graph_four_ways(torch, model, row).items():
+        with torch.no_grad():  # inference, and nothing left switched off for what follows
+            outcome = _graph_four_ways(torch, model, row)
+        for system, value in outcome.items():
             family[system] += value > 0
         ctx.emit(row.build())
         gc.collect()

@@ -93,6 +93,7 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
         zoo_models.flatten_outputs(torch, m(*f)), 0.5))
     ctx = Context(selected=True)
     workloads_zoo.run_zoo(ctx)
+    assert torch.is_grad_enabled()  # the zoo leaves autograd as it found it
     rows = {row.metric: row.cells for row in ctx.rows}
     fine, hostread = rows["fake family: fine"], rows["fake family: hostread"]
     assert all(isinstance(fine[s], Summary) and fine[s].median == 1.0
