@@ -41,7 +41,9 @@ def pinned_constant(capture: Capture, data: numpy.ndarray) -> numpy.ndarray:
     """A C-contiguous copy of ``data`` in pinned memory, alive as long as ``capture``'s graph
     (or until the capture rolls back)."""
     count = int(data.size)
-    nbytes = max(count * data.dtype.itemsize, 1)
+    if not count:  # nothing to copy, nothing to keep
+        return numpy.empty(data.shape, dtype=data.dtype)
+    nbytes = count * data.dtype.itemsize
     # A miss of CuPy's pinned pool calls cudaHostAlloc, which a global-mode capture forbids
     # on every thread: this thread's mode is relaxed around it, as for the pool's growth.
     with _runtime.relaxed_capture_mode():
@@ -57,10 +59,10 @@ def device_constant(capture: Capture, host: numpy.ndarray) -> cupy.ndarray:
     pinned memory the graph keeps, and a captured copy from there on the current stream. A
     pinned ``host`` from before the capture is copied from its own memory (read at replay)."""
     host = numpy.ascontiguousarray(host)
-    if not _is_pinned(host):
-        host = pinned_constant(capture, host)
     out = cupy.empty(host.shape, dtype=host.dtype)
-    if host.size:
+    if host.size:  # an empty constant copies nothing
+        if not _is_pinned(host):
+            host = pinned_constant(capture, host)
         out.set(host, stream=cupy.cuda.get_current_stream())
     return out
 
