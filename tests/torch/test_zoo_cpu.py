@@ -64,11 +64,9 @@ def test_outputs_flatten_in_key_order_and_compare_names_the_difference():
         workloads_zoo._compare(torch, (a, b), (a,))
 
 
-def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
-    """run_zoo over two stand-in models (the captures replaced: no GPU here): one every
-    system graphs, one graph_module cannot take whole but takes in pieces."""
-    from cugraphrt.bench.spec import Context, Failed
-    from cugraphrt.bench.timing import Summary
+def _stand_ins(monkeypatch) -> None:
+    """Two stand-in models, the captures replaced (no GPU here): one every system graphs,
+    one graph_module cannot take whole but takes in pieces."""
 
     def build(torch):
         return torch.nn.Linear(4, 4), (torch.ones(2, 4),)
@@ -91,6 +89,13 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
     monkeypatch.setattr(workloads_zoo, "_whole", whole)
     monkeypatch.setattr(workloads_zoo, "_pieces", lambda torch, m, i, f: (
         zoo_models.flatten_outputs(torch, m(*f)), 0.5))
+
+
+def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
+    from cugraphrt.bench.spec import Context, Failed
+    from cugraphrt.bench.timing import Summary
+
+    _stand_ins(monkeypatch)
     ctx = Context(selected=True)
     workloads_zoo.run_zoo(ctx)
     assert torch.is_grad_enabled()  # the zoo leaves autograd as it found it
@@ -103,3 +108,23 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
     assert hostread["cugraphrt_pieces"].median == 0.5  # the fraction of pieces graphed
     total = rows[workloads_zoo.TOTAL]
     assert [total[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
+
+
+def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkeypatch):
+    """A zoo run (the stand-ins above) through the runner's report, rendered as
+    docs/coverage.md renders it."""
+    from cugraphrt.bench import coverage, runner
+
+    _stand_ins(monkeypatch)
+    monkeypatch.setattr(runner, "device_name", lambda: "a test device")
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    report = runner.run_workloads((workloads_zoo.ZOO,), quick=False,
+                                  named=frozenset({"zoo"}))
+    page = coverage.render(report)
+    assert "| fake family | 2 | 2 | 1 | 2 |" in page and page.count("| total |") == 1
+    assert "- `hostread`: in pieces (50% of its pieces graphed); whole: RuntimeError: " \
+           "`float(y.sum())` cannot be captured" in page
+    assert "`fine`" not in page  # graphed whole: not listed
+    assert "- `cugraphrt` / `eager` = 0.500 (>= 0.90): MISS" in page
+    with pytest.raises(ValueError, match="no zoo rows"):
+        coverage.render(report.model_copy(update={"rows": []}))
