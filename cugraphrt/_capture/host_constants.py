@@ -63,7 +63,10 @@ def device_constant(capture: Capture, host: numpy.ndarray) -> cupy.ndarray:
     if host.size:  # an empty constant copies nothing
         if not _is_pinned(host):
             host = pinned_constant(capture, host)
-        out.set(host, stream=cupy.cuda.get_current_stream())
+        # Not ``out.set``: CuPy refuses every host-to-device copy during a capture, pinned
+        # or not; from pinned memory the runtime captures it as a memcpy node.
+        _runtime.copy_host_to_device(out.data.ptr, host.ctypes.data, host.nbytes,
+                                     cupy.cuda.get_current_stream().ptr)
     return out
 
 

@@ -436,6 +436,14 @@ def free(ptr: int) -> None:
     runtime.free(ptr)
 
 
+def copy_host_to_device(dst: int, src: int, nbytes: int, stream_ptr: int) -> None:
+    """``cudaMemcpyAsync`` host to device on ``stream_ptr``. CuPy's ``ndarray.set`` refuses
+    any host-to-device copy while the stream captures; from pinned memory the copy is a node
+    the graph can hold, so capture code that staged its bytes in pinned memory calls this."""
+    _runtime_call(runtime.memcpyAsync, "cudaMemcpyAsync", dst, src, nbytes,
+                  runtime.memcpyHostToDevice, stream_ptr)
+
+
 def stream_wait_event(stream_ptr: int, event: int) -> None:
     """``cudaStreamWaitEvent``: work queued on ``stream_ptr`` waits for ``event``."""
     _runtime_call(runtime.streamWaitEvent, "cudaStreamWaitEvent", stream_ptr, event)

@@ -325,6 +325,8 @@ class Generator:
         captured = session.captured
         assert captured is not None  # set by a successful capture
         self._graphs.append(cuda_graph)
+        if len(self._graphs) == 1:  # the generator's first capture
+            _torch.give_back_dropped_workspaces()
         self._capture_s += time.perf_counter() - begin
         # torch's replay on torch's current stream, past the pool-order check (see the
         # module's design notes: these graphs hand out no pool memory).

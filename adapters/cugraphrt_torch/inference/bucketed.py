@@ -19,6 +19,7 @@ from cugraphrt.adapter import Bucketed, CapturedBucket, instantiate_measured, or
 from cugraphrt.errors import ReplayError
 
 from .._internals import tensors as _tensors
+from ..capture import _torch
 from ..capture._output_check import FIX_COPY, make_check
 from ..capture.framework import TORCH
 from ._warm_up import capture_module
@@ -71,6 +72,8 @@ class BucketedModule:
                     lambda: Graph(keep_graph=True), pool, module, args,
                     num_warmup_iters if warm else 0)
                 written = _tensors.moved(leaves, versions) if inputs == "rebind" else None
+                if warm:  # the family's first capture
+                    _torch.give_back_dropped_workspaces()
                 captured = session.captured
                 assert captured is not None  # set by a successful capture
                 cuda_graph = captured.graph
