@@ -20,7 +20,9 @@ streams, capture). What the core **offers** it, in four groups:
 * **Capture hooks**, for a framework that must own the CUDA-level capture (torch does: its
   RNG and allocator must know of it): :func:`begin_capture`, :func:`end_capture`,
   :func:`abort_capture`, :func:`adopt`, :func:`capture_of`, :func:`graph_handles`,
-  :func:`ready_exec`, :func:`resolve_pool`; the allocation hooks that serve the framework's
+  :func:`ready_exec`, :func:`resolve_pool`; host constants a capture copies to the device,
+  staged in pinned memory its graph keeps (:func:`pinned_constant`); the allocation hooks
+  that serve the framework's
   allocator from a pool (:func:`allocate`, :func:`capture_activity`); the replay-order
   checks of a routed replay (:func:`check_replay`, :func:`note_replay`) and the switches
   every replay reads (:data:`FLAGS`).
@@ -63,6 +65,7 @@ from cugraphrt._callables.rebind_plan import byte_extent
 from cugraphrt._capture import diagnose as _diagnose
 from cugraphrt._capture.graphs import Graph
 from cugraphrt._capture.graphs import _resolve_pool as resolve_pool
+from cugraphrt._capture.host_constants import pinned_constant
 from cugraphrt._capture.stream_capture import Capture
 from cugraphrt._control import bodies as _bodies
 from cugraphrt._control import loops as _loops
@@ -105,6 +108,7 @@ __all__ = [
     "resolve_check_outputs", "CHECK_OUTPUTS_ENV",
     # capture hooks
     "Capture", "begin_capture", "end_capture", "abort_capture", "adopt", "capture_of",
+    "pinned_constant",
     "graph_handles", "route_of", "ready_exec", "resolve_pool", "allocate", "capture_activity",
     "check_replay", "note_replay", "FLAGS", "ReplayFlags",
     # backing allocators (where a pool's segments come from)

@@ -23,11 +23,15 @@ import numpy as np
 from cugraphrt._capture import stream_capture as _capture
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._libraries import philox as _philox
-from cugraphrt.errors import CaptureError, OptionsError
+from cugraphrt._libraries import philox_device as _device
+from cugraphrt._random_rows import RowGenerator, row_draws
+from cugraphrt.errors import OptionsError
 from cugraphrt.options import GeneratorState
 
 __all__ = [
     "Generator",
+    "RowGenerator",
+    "row_draws",
     "default_generator",
     "manual_seed",
     "seed",
@@ -45,28 +49,6 @@ _FLOATS = {np.dtype(np.float16): "cgrt_fill_f16", np.dtype(np.float32): "cgrt_fi
            np.dtype(np.float64): "cgrt_fill_f64"}
 _INTS = {np.dtype(np.int32): "cgrt_randint_i32", np.dtype(np.int64): "cgrt_randint_i64"}
 _UNIFORM, _NORMAL, _UNIFORM_HALF = 0, 1, 2
-_THREADS = 256
-_MAX_BLOCKS = 1024
-
-_modules: dict[int, cupy.RawModule] = {}
-_modules_lock = threading.Lock()
-
-
-def _kernel(name: str, device_id: int):
-    module = _modules.get(device_id)
-    if module is None:
-        with _modules_lock:
-            module = _modules.get(device_id)
-            if module is None:
-                module = cupy.RawModule(code=_philox.KERNEL_SOURCE,
-                                        options=("--std=c++14",),
-                                        name_expressions=None)
-                for kernel_name in _philox.KERNEL_NAMES:
-                    module.get_function(kernel_name)  # compile and load now
-                _modules[device_id] = module
-    return module.get_function(name)
-
-
 class Generator:
     """A graph-safe Philox random-number generator on one device.
 
@@ -84,13 +66,13 @@ class Generator:
     """
 
     def __init__(self, seed: int | None = None, device: int | None = None) -> None:
-        _refuse_in_capture("creating a cugraphrt.random.Generator")
+        _device.refuse_in_capture("creating a cugraphrt.random.Generator")
         self._device_id = _cuda.get_device() if device is None else int(device)
         with cupy.cuda.Device(self._device_id):
             # [seed, position (in 128-bit counters), last-block counter]
             self._state = cupy.zeros(3, dtype=np.uint64)
-            _kernel(_philox.KERNEL_NAMES[0], self._device_id)
-        self.manual_seed(_random_seed() if seed is None else seed)
+            _device.kernel(_philox.KERNEL_NAMES[0], self._device_id)
+        self.manual_seed(_device.random_seed() if seed is None else seed)
 
     @property
     def device_id(self) -> int:
@@ -107,15 +89,15 @@ class Generator:
         Generator
             ``self``.
         """
-        seed = _check_seed(seed)
-        _refuse_in_capture("manual_seed()")
+        seed = _device.check_seed(seed)
+        _device.refuse_in_capture("manual_seed()")
         self._write(seed, 0)
         self._seed = seed
         return self
 
     def seed(self) -> int:
         """Reseed from the operating system's entropy; returns the new seed."""
-        value = _random_seed()
+        value = _device.random_seed()
         self.manual_seed(value)
         return value
 
@@ -130,7 +112,7 @@ class Generator:
         -------
         GeneratorState
         """
-        _refuse_in_capture("get_state()")
+        _device.refuse_in_capture("get_state()")
         with cupy.cuda.Device(self._device_id):
             seed, position, _ = (int(v) for v in self._state.get())
         return GeneratorState(seed=seed, offset=position)
@@ -139,7 +121,7 @@ class Generator:
         """Restore a state from :meth:`get_state`. Not allowed during capture."""
         if not isinstance(state, GeneratorState):
             raise OptionsError("state", state, "a GeneratorState from get_state()")
-        _refuse_in_capture("set_state()")
+        _device.refuse_in_capture("set_state()")
         self._write(state.seed, state.offset)
         self._seed = state.seed
 
@@ -222,9 +204,8 @@ class Generator:
         if _cuda.get_device() != self._device_id:
             raise OptionsError("device", _cuda.get_device(),
                                f"draw on the generator's device {self._device_id}")
-        kernel = _kernel(name, self._device_id)
-        blocks = max(1, min(-(-counters // _THREADS), _MAX_BLOCKS))
-        kernel((blocks,), (_THREADS,),
+        kernel = _device.kernel(name, self._device_id)
+        kernel((_device.blocks_for(counters),), (_device.THREADS,),
                (self._state, out, np.int64(out.size)) + extra + (np.int32(1),))
 
     def __repr__(self) -> str:
@@ -239,25 +220,6 @@ def _shape(size) -> tuple:
     if len(size) == 1 and isinstance(size[0], Sequence):
         size = size[0]
     return tuple(int(s) for s in size)
-
-
-def _check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
-            or not 0 <= int(seed) < 2**64:
-        raise OptionsError("seed", seed, "allowed values are integers in [0, 2**64)")
-    return int(seed)
-
-
-def _random_seed() -> int:
-    return int.from_bytes(os.urandom(8), "little")
-
-
-def _refuse_in_capture(what: str) -> None:
-    if _capture.current_capture() is not None or _capture.is_current_stream_capturing():
-        raise CaptureError(
-            f"{what} during capture (got a capture underway on the current stream); it "
-            f"writes or reads the generator state eagerly: do it before or after capturing"
-        )
 
 
 # -- the default generators and module-level functions ----------------------------------------

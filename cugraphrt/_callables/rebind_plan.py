@@ -154,24 +154,11 @@ class _Finder:
         return found
 
 
-def _children(node: Any, kind: str) -> list | None:
-    """The graphs inside a child-graph or conditional node; None if CUDA does not say."""
-    if kind == "GRAPH":
-        return [_nodes.child_graph(node)]
-    try:
-        result = driver_api().cuGraphNodeGetParams(node)
-        if int(result[0]):
-            return None
-        cond = result[1].conditional
-        return [cond.phGraph_out[i] for i in range(int(cond.size))]
-    except Exception:  # noqa: BLE001 - an older cuda-bindings: the bodies stay unread
-        return None
-
-
 def _referenced(graph: Any, finder: _Finder) -> bool:
     """Whether any node of ``graph`` (or of graphs inside it) holds an input's address."""
-    for node in _nodes.nodes(graph):
-        kind = _nodes.kind(node)
+    for node, kind, inner in _nodes.walk(graph, _nodes.NESTING):
+        if inner is None:  # a body CUDA does not let us read: assume it does
+            return True
         if kind == "KERNEL":
             layout = _params.kernel_params(node)
             if layout.why_not or any(finder.hits(raw) for raw in layout.raw):
@@ -183,10 +170,6 @@ def _referenced(graph: Any, finder: _Finder) -> bool:
                 return True
         elif kind == "MEMSET":
             if finder.hits(int(_params.set_params(node).dst).to_bytes(8, "little")):
-                return True
-        elif kind in ("GRAPH", "CONDITIONAL"):
-            inner = _children(node, kind)
-            if inner is None or any(_referenced(g, finder) for g in inner):
                 return True
     return False
 
@@ -226,8 +209,7 @@ def build_plan(graph: Any, extents: Sequence[Extent], names: Sequence[str],
         graph_obj = driver_api().CUgraph(graph)
     finder = _Finder(extents)
     found: list[tuple[Any, str, Any, Any, tuple[str, ...], list[tuple[int, int, int]]]] = []
-    for node in _nodes.nodes(graph_obj):
-        kind = _nodes.kind(node)
+    for node, kind, _ in _nodes.walk(graph_obj, frozenset()):  # the top level: patched
         entry = _node_sites(node, kind, finder, names, plan.reasons, plan.written)
         if entry is not None:
             found.append((node, kind, *entry))
@@ -298,8 +280,8 @@ def _node_sites(node: Any, kind: str, finder: _Finder, names: Sequence[str],
                 sites.append((8 * len(fields), k, value - finder.extents[k][0]))
                 fields.append(field)
         return (params, None, tuple(fields), sites) if sites else None
-    if kind in ("GRAPH", "CONDITIONAL"):
-        inner = _children(node, kind)
+    if kind in _nodes.NESTING:
+        inner = _nodes.nested(node, kind)
         if inner is None or any(_referenced(g, finder) for g in inner):
             _all(written)  # which input a body writes is not read
             place = "a child graph" if kind == "GRAPH" else "a loop or branch body"

@@ -139,14 +139,8 @@ def finish(body: Body) -> BodyNodes:
 
 def _forbidden(graph: Any, sources: dict[int, str]) -> list[tuple[str, str]]:
     """(kind, who added it) of every node a body cannot hold, child graphs included."""
-    found = []
-    for node in _nodes.nodes(graph):
-        name = _nodes.kind(node)
-        if name in _nodes.NOT_IN_BODIES:
-            found.append((name, sources.get(_nodes.key(node), "")))
-        elif name == "GRAPH":
-            found.extend(_forbidden(_nodes.child_graph(node), sources))
-    return found
+    return [(name, sources.get(_nodes.key(node), "")) for node, name, _ in _nodes.walk(graph)
+            if name in _nodes.NOT_IN_BODIES]
 
 
 def _forbidden_message(label: str, bad: list[tuple[str, str]]) -> str:

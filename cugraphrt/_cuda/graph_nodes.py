@@ -1,4 +1,5 @@
-"""The nodes of a graph definition: listing them, their kinds, and taking one out.
+"""The nodes of a graph definition: listing them, their kinds, walking into the graphs nested
+in them, and taking one out.
 
 cugraphrt reads the nodes of conditional bodies (see :mod:`cugraphrt._control.bodies`).
 CUDA lets a body hold kernel, memcpy, memset, empty, child-graph and conditional nodes only,
@@ -13,12 +14,13 @@ Everything goes through NVIDIA's ``cuda-bindings`` (driver API) and
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from cugraphrt._cuda.conditional import driver_api, unpack
 
-__all__ = ["NOT_IN_BODIES", "EVENT_KINDS", "nodes", "kind", "key", "kinds", "child_graph",
-           "remove_keeping_order"]
+__all__ = ["NOT_IN_BODIES", "EVENT_KINDS", "NESTING", "nodes", "kind", "key", "kinds",
+           "child_graph", "nested", "walk", "remove_keeping_order"]
 
 #: Node kinds a conditional body cannot hold (CUDA 12.4 to 13: the body may hold kernel,
 #: memcpy, memset, empty, child-graph and conditional nodes). A deny-list, so that a kind a
@@ -27,6 +29,8 @@ NOT_IN_BODIES = frozenset({"HOST", "WAIT_EVENT", "EVENT_RECORD", "EXT_SEMAS_SIGN
                            "EXT_SEMAS_WAIT", "MEM_ALLOC", "MEM_FREE"})
 #: The kinds NCCL's graph-mixing support adds around a captured collective.
 EVENT_KINDS = frozenset({"WAIT_EVENT", "EVENT_RECORD"})
+#: The kinds that hold graphs of their own: a child graph, a conditional node's bodies.
+NESTING = frozenset({"GRAPH", "CONDITIONAL"})
 _PREFIX = "CU_GRAPH_NODE_TYPE_"
 
 
@@ -58,15 +62,39 @@ def child_graph(node: Any) -> Any:
                   "cuGraphChildGraphNodeGetGraph")
 
 
-def kinds(graph: Any) -> list[str]:
-    """The kinds of ``graph``'s nodes and of its child graphs' nodes, sorted."""
-    found = []
+def nested(node: Any, node_kind: str) -> list | None:
+    """The graphs inside a child-graph or conditional node; None if CUDA does not say (a
+    cuda-bindings too old to read a conditional node's parameters)."""
+    if node_kind == "GRAPH":
+        return [child_graph(node)]
+    try:
+        result = driver_api().cuGraphNodeGetParams(node)
+        if int(result[0]):
+            return None
+        cond = result[1].conditional
+        return [cond.phGraph_out[i] for i in range(int(cond.size))]
+    except Exception:  # noqa: BLE001 - an older cuda-bindings: the bodies stay unread
+        return None
+
+
+def walk(graph: Any, into: frozenset[str] = frozenset({"GRAPH"})) -> Iterator[tuple[Any, str,
+                                                                                  list | None]]:
+    """``(node, kind, inner)`` for every node of ``graph``, each followed by the nodes of the
+    graphs nested in it when its kind is in ``into`` (child graphs by default; ``NESTING``
+    for conditional bodies too; ``frozenset()`` for the top level only). ``inner`` is the
+    list of nested graphs of a nesting node (None where CUDA does not say), else ``[]``: the
+    one place that lists, classifies and descends, for every reader of a graph's nodes."""
     for node in nodes(graph):
         name = kind(node)
-        found.append(name)
-        if name == "GRAPH":
-            found.extend(kinds(child_graph(node)))
-    return sorted(found)
+        inner = nested(node, name) if name in NESTING and name in into else []
+        yield node, name, inner
+        for graph_inside in inner or ():
+            yield from walk(graph_inside, into)
+
+
+def kinds(graph: Any) -> list[str]:
+    """The kinds of ``graph``'s nodes and of its child graphs' nodes, sorted."""
+    return sorted(name for _, name, _ in walk(graph))
 
 
 def _neighbours(node: Any, call: str) -> list:

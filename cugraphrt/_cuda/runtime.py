@@ -417,6 +417,14 @@ def device_name(index: int) -> str:
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
+def is_pinned_host(ptr: int) -> bool:
+    """Whether host address ``ptr`` is page-locked (``cudaPointerGetAttributes``)."""
+    try:
+        return int(runtime.pointerGetAttributes(ptr).type) == runtime.memoryTypeHost
+    except runtime.CUDARuntimeError:  # pageable memory, as older drivers report it
+        return False
+
+
 def malloc(nbytes: int) -> int:
     """``cudaMalloc`` on the current device; raises :data:`CUDARuntimeError` (the caller
     tells out-of-memory apart)."""
@@ -426,6 +434,14 @@ def malloc(nbytes: int) -> int:
 def free(ptr: int) -> None:
     """``cudaFree``."""
     runtime.free(ptr)
+
+
+def copy_host_to_device(dst: int, src: int, nbytes: int, stream_ptr: int) -> None:
+    """``cudaMemcpyAsync`` host to device on ``stream_ptr``. CuPy's ``ndarray.set`` refuses
+    any host-to-device copy while the stream captures; from pinned memory the copy is a node
+    the graph can hold, so capture code that staged its bytes in pinned memory calls this."""
+    _runtime_call(runtime.memcpyAsync, "cudaMemcpyAsync", dst, src, nbytes,
+                  runtime.memcpyHostToDevice, stream_ptr)
 
 
 def stream_wait_event(stream_ptr: int, event: int) -> None:

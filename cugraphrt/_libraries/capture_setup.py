@@ -30,6 +30,7 @@ import sys
 import threading
 from typing import Any, cast
 
+from cugraphrt._capture import host_constants as _host_constants
 from cugraphrt._capture import stream_capture as _capture
 from cugraphrt._cuda import runtime as _cuda
 from cugraphrt._cuda.status_errors import LibraryCaptureError
@@ -61,7 +62,7 @@ _LINALG_ADVICE = ("CUDA graphs cannot record it through CuPy (its workspace quer
                   "checks run on the host); run it outside the captured region and capture "
                   "the work around it")
 # Steps of _install_pending besides the library modules.
-_STEPS = ("random", "cufft", "linalg", "compile")
+_STEPS = ("random", "cufft", "linalg", "compile", "host_arrays")
 # Functions that only read or set host-side handle state: harmless during capture.
 _UNGUARDED = {"create", "destroy", "getVersion", "getProperty", "setPointerMode",
               "getPointerMode", "setMathMode", "getMathMode", "getStream", "check_status",
@@ -105,6 +106,9 @@ def _install_pending() -> None:
     if "compile" not in _done:
         _note_compilations()
         _done.add("compile")
+    if "host_arrays" not in _done:  # cupy.asarray of host data: a constant of the graph
+        _host_constants.stage_host_arrays()
+        _done.add("host_arrays")
     for module_name, (library, advice) in _GUARDED_MODULES.items():
         if module_name in _done:
             continue

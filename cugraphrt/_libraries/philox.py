@@ -192,6 +192,44 @@ extern "C" __global__ void cgrt_randint_i64(unsigned long long* state, long long
                                             unsigned long long range, int advance) {
     cgrt_randint<long long>(state, out, n, low, range, advance);
 }
+// One Philox stream per row (batched sampling): row r has its own seed, seeds[r], and its
+// own position, state[r]; element (r, i) is word i % 4 of counter state[r] + i / 4, so what
+// a row draws depends on its seed and position only, never on the other rows. kind 0:
+// uniform in (0, 1) on the 2^-23 grid offset by half a step (never 0 or 1, so that the log
+// below stays finite); kind 1: Gumbel noise -log(-log(u)). The last block to finish advances
+// every row by the counters it used (state[rows] is the last-block counter).
+extern "C" __global__ void cgrt_rows_f32(const unsigned long long* seeds,
+                                         unsigned long long* state, float* out,
+                                         long long rows, long long n, int kind, int advance) {
+    const long long counters = (n + 3) / 4;
+    const long long total = rows * counters;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += stride) {
+        const long long r = t / counters, j = t - r * counters;
+        cgrt_u4 w = cgrt_philox(state[r] + (unsigned long long)j, seeds[r]);
+        unsigned int words[4] = {w.x, w.y, w.z, w.w};
+        const long long i0 = j * 4;
+        #pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (i0 + k < n) {
+                float u = ((float)(words[k] >> 9) + 0.5f) * 1.1920928955078125e-07f;
+                out[r * n + i0 + k] = kind == 0 ? u : -logf(-logf(u));
+            }
+        }
+    }
+    __syncthreads();
+    if (advance && threadIdx.x == 0) {
+        __threadfence();
+        unsigned int done = atomicAdd((unsigned int*)&state[rows], 1u);
+        if (done == gridDim.x - 1) {
+            for (long long r = 0; r < rows; ++r) state[r] += (unsigned long long)counters;
+            state[rows] = 0ull;
+            __threadfence();
+        }
+    }
+}
+
 extern "C" __global__ void cgrt_randint_i32(unsigned long long* state, int* out, long long n,
                                             long long low, unsigned long long range,
                                             int advance) {
@@ -200,7 +238,7 @@ extern "C" __global__ void cgrt_randint_i32(unsigned long long* state, int* out,
 """
 
 KERNEL_NAMES = ("cgrt_fill_f32", "cgrt_fill_f16", "cgrt_fill_f64", "cgrt_randint_i64",
-                "cgrt_randint_i32")
+                "cgrt_randint_i32", "cgrt_rows_f32")
 
 
 # -- NumPy reference ------------------------------------------------------------------------
@@ -258,6 +296,20 @@ def reference_randint(seed: int, position: int, n: int, low: int, high: int) -> 
         return np.array([low + ((int(v) * span) >> 64) for v in x], dtype=np.int64)
     words = reference_words(seed, position, (n + 3) // 4).reshape(-1)[:n].astype(np.uint64)
     return (np.int64(low) + ((words * np.uint64(span)) >> np.uint64(32)).astype(np.int64))
+
+
+def reference_rows(seeds, positions, n: int, kind: str = "uniform") -> np.ndarray:
+    """What ``cgrt_rows_f32`` draws: a (rows, n) float32 array, row ``r`` from seed
+    ``seeds[r]`` at position ``positions[r]``. ``kind`` ``"uniform"`` (in (0, 1), equal to the
+    kernel's bit for bit) or ``"gumbel"`` (``-log(-log(u))`` in float32, within an ulp of the
+    kernel's: CUDA's ``logf`` and NumPy's may round differently)."""
+    rows = []
+    for seed, position in zip(seeds, positions, strict=True):
+        words = reference_words(int(seed), int(position), (n + 3) // 4).reshape(-1)[:n]
+        u = ((words >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) \
+            * np.float32(2.0**-23)
+        rows.append(u if kind == "uniform" else -np.log(-np.log(u)))
+    return np.stack(rows).astype(np.float32) if rows else np.zeros((0, n), np.float32)
 
 
 def counters_for(kernel_family: str, n: int, wide: bool = False) -> int:

@@ -44,7 +44,7 @@ from .real_models import LLAMA_LAYERS, missing_package
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import interleave, single, summarize
 
-__all__ = ["GENERATE"]
+__all__ = ["GENERATE", "Timed", "hf_static_compiled", "llama", "set_up", "skipped"]
 
 SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled",
            "cugraphrt_fast", "torch_loop_eager", "torch_loop", "compiled_device")
@@ -71,7 +71,7 @@ def _same(batch: int) -> str:
 MEMORY = "memory, batch 8"
 
 
-def _model(torch):
+def llama(torch):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -130,7 +130,7 @@ def _equal_steps(tokens, reference) -> float:
     return float(same.min())
 
 
-class _Timed:
+class Timed:
     """One system of one batch size: a round times a one-token generation, then a whole one.
 
     Returns the seconds per token after the first (the whole less the first token, over
@@ -149,7 +149,7 @@ class _Timed:
         return (total - first) / (NEW - 1)
 
 
-def _hf_static_compiled(model) -> Callable[..., Any]:
+def hf_static_compiled(model) -> Callable[..., Any]:
     """The step transformers compiled for static-cache generation (``model._compiled_call``);
     raises if there is none. Returns it, never None: :meth:`RowBuilder.setup` reads None as
     a failed set-up (a None return once left hf_static unmeasured: its targets read N/A)."""
@@ -166,16 +166,12 @@ def run_generate(ctx: Context) -> None:
             for name, unit in ((_per_token(batch), "us"), (_first(batch), "ms"),
                                (_same(batch), "tokens"))}
     rows[MEMORY] = RowBuilder(MEMORY, "MiB", SYSTEMS, "cugraphrt", "cugraphrt_compiled")
-    missing = missing_package("torch", "transformers")
-    if ctx.quick or missing:
-        for row in rows.values():
-            row.unavailable_all(missing or "skipped in --quick (run --only generate)")
-            ctx.emit(row.build())
+    if skipped(ctx, rows.values(), "generate"):
         return
     import torch
     from cugraphrt_torch import Generator
 
-    model = _model(torch)
+    model = llama(torch)
     length = PROMPT + NEW
     makers = {
         "per_token": lambda: Generator(model, max_length=length, chunk=1),
@@ -211,16 +207,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         if generators[name] is not None:
             calls[name] = (_ours(generators[name], prompt, new=NEW),
                            _ours(generators[name], prompt, new=1))
-    timed: dict[str, _Timed] = {}
-    for name, (whole, one) in calls.items():
-        ctx.step(f"batch {batch}: set up {name}")
-        # The untimed first calls: compilation (hf_static), captures (the generators).
-        if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
-            continue
-        if name == "hf_static" and per_token.setup(
-                name, lambda: _hf_static_compiled(model)) is None:
-            continue
-        timed[name] = _Timed(torch, whole, one)
+    timed = set_up(ctx, torch, model, batch, calls, per_token)
     for loop, owner in LOOPS.items():
         if generators[owner] is None or owner not in timed:
             per_token.unavailable(loop, f"needs the {owner} generator")
@@ -229,7 +216,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         hand = per_token.setup(loop, lambda owner=owner: TorchLoop(
             torch, generators[owner], batch, PROMPT, NEW))
         if isinstance(hand, TorchLoop):
-            timed[loop] = _Timed(torch, functools.partial(hand.generate, prompt, NEW),
+            timed[loop] = Timed(torch, functools.partial(hand.generate, prompt, NEW),
                                  functools.partial(hand.generate, prompt, 1))
     ctx.step(f"batch {batch}: {ROUNDS} rounds")
     samples = interleave(timed, ROUNDS, warmup=1, on_error=per_token.fail)
@@ -251,7 +238,37 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         ctx.emit(row.build())
 
 
-def _check_loops(per_token: RowBuilder, timed: dict[str, _Timed], samples: dict) -> None:
+def skipped(ctx: Context, rows, only: str) -> bool:
+    """Emits ``rows`` as not measured, and returns True, in ``--quick`` or without torch and
+    transformers; ``only`` names the workload for the hint."""
+    missing = missing_package("torch", "transformers")
+    if not (ctx.quick or missing):
+        return False
+    for row in rows:
+        row.unavailable_all(missing or f"skipped in --quick (run --only {only})")
+        ctx.emit(row.build())
+    return True
+
+
+def set_up(ctx: Context, torch, model, batch: int,
+           calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]],
+           per_token: RowBuilder) -> dict[str, Timed]:
+    """The systems of one batch size, each after its untimed first calls (compilation for
+    hf_static, which must have compiled; captures for the generators); a system whose set-up
+    fails gets an error cell instead."""
+    timed: dict[str, Timed] = {}
+    for name, (whole, one) in calls.items():
+        ctx.step(f"batch {batch}: set up {name}")
+        if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
+            continue
+        if name == "hf_static" and per_token.setup(
+                name, lambda: hf_static_compiled(model)) is None:
+            continue
+        timed[name] = Timed(torch, whole, one)
+    return timed
+
+
+def _check_loops(per_token: RowBuilder, timed: dict[str, Timed], samples: dict) -> None:
     """A hand loop replays its generator's program: its tokens must be the generator's, or
     it timed other work (its cell becomes an error)."""
     for loop, owner in LOOPS.items():

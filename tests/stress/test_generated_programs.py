@@ -146,9 +146,24 @@ class Rebinding:
     def __init__(self, capturer) -> None:
         self.inner = capturer
         self.rebound = self.copied = 0
+        self.reasons: dict[str, int] = {}  # why a plan was incomplete -> how many callables
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    #: Why a generated program may copy: what it does with its inputs, not a gap of the plan.
+    #: An output that views an input (a slice, a reshape) keeps the capture's buffer, and a
+    #: view at an odd offset puts an unaligned address in a kernel. How many programs do so
+    #: depends on what Hypothesis draws (its draws shift with the test order), so the check
+    #: is on the reasons, not on a share.
+    EXPLAINED = ("lies inside input", "at an unaligned offset", "share memory")
+
+    def check(self) -> None:
+        assert self.rebound, "no generated program rebinds"
+        unexplained = {why: n for why, n in self.reasons.items()
+                       if not any(reason in why for reason in self.EXPLAINED)}
+        assert not unexplained, f"plans incomplete for a reason the program does not give: " \
+                                f"{unexplained}"
 
     def graphed(self, fn, sample, program: Program):
         import warnings
@@ -158,9 +173,11 @@ class Rebinding:
             graphed = self.inner.graphed(fn, sample, program, inputs="rebind")
             if hasattr(graphed, "capture_all"):  # every bucket's plan made (and counted) now
                 graphed.capture_all(progress=False)
-        fell_back = any("falls back to copying" in str(w.message) for w in caught)
+        fell_back = [str(w.message) for w in caught if "falls back to copying" in str(w.message)]
         if fell_back:
             self.copied += 1
+            why = fell_back[0].split("falls back to copying (", 1)[-1].split(");", 1)[0]
+            self.reasons[why] = self.reasons.get(why, 0) + 1
         else:
             self.rebound += 1
         return graphed
@@ -204,7 +221,7 @@ def _run_programs(label: str, mode: str, count: int, backend, capturer, figures)
     finally:
         cugraphrt.set_pool_checks(before)
     rebinding = (f"; inputs='rebind': {capturer.rebound} callables rebound, "
-                 f"{capturer.copied} copied (incomplete plan)"
+                 f"{capturer.copied} copied (incomplete plan: {capturer.reasons})"
                  if isinstance(capturer, Rebinding) else "")
     figures.add(f"generated programs/{label} {mode}",
                 f"{tally.describe()}; {capturer.dropped} graphs or callables kept only by "
@@ -244,7 +261,7 @@ def test_cupy_programs_rebound_replay_like_eager_runs(mode, level, figures, monk
     count = level.pick(short=REBIND_CUPY_PROGRAMS["short"], long=REBIND_CUPY_PROGRAMS["long"])
     capturer = Rebinding(CupyCapturer(count))
     _run_programs("cupy rebind", mode, count, CupyBackend(), capturer, figures)
-    assert capturer.rebound > capturer.copied, "most programs must rebind, not copy"
+    capturer.check()
 
 
 @pytest.mark.parametrize("mode", REBIND_MODES)
@@ -255,4 +272,4 @@ def test_torch_programs_rebound_replay_like_eager_runs(mode, level, figures, mon
                        long=REBIND_TORCH_PROGRAMS["long"])
     capturer = Rebinding(TorchCapturer(count))
     _run_programs("torch rebind", mode, count, TorchBackend("cuda"), capturer, figures)
-    assert capturer.rebound > capturer.copied, "most programs must rebind, not copy"
+    capturer.check()

@@ -32,9 +32,34 @@ def test_public_names():
                                             "__version__", "while_loop", "cond",
                                             "CUDAGraph", "graph_pool_handle",
                                             "is_current_stream_capturing", "Generator",
-                                            "GeneratorStats"}
+                                            "GeneratorStats", "CapturedGraph",
+                                            "PiecewiseModule"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
+
+
+def test_a_captured_graphs_replays_are_disarmed_when_its_owner_goes():
+    """The lifetime rule (capture/_adopted.py): a CapturedGraph's replays run torch's replay
+    while the owner lives, and raise once the Graph let the owner go, instead of replaying a
+    destroyed graph."""
+    from cugraphrt_torch.capture._adopted import CapturedGraph, Owner, Replay
+
+    class TorchGraph:  # what the owner keeps; a weak reference must reach it
+        pass
+
+    launched: list[int] = []
+    torch_graph = TorchGraph()
+    replay = Replay(lambda: launched.append(1), handles=None, device=0)
+    owner = Owner(torch_graph, None, None, replay)
+    captured = CapturedGraph(graph=None, replay=replay, memory="kept", seq=7,
+                             torch_graph=torch_graph)
+    captured.launch()
+    assert launched == [1] and captured.seq == 7 and captured.memory == "kept"
+    assert captured.torch_graph is torch_graph and "live" in repr(captured)
+    del owner, torch_graph  # what Graph.reset() does to the last owner
+    with pytest.raises(cugraphrt.ReplayError, match="reset"):
+        captured.launch()
+    assert launched == [1] and captured.torch_graph is None and "reset" in repr(captured)
 
 
 # -- dtypes and conversions --------------------------------------------------------------------
@@ -287,3 +312,36 @@ def test_require_gpu_fails_torch_gpu_tests_on_a_cpu_only_torch():
                              env=env)
     assert lenient.returncode == 5 or "skipped" in lenient.stdout, lenient.stdout[-2000:]
     assert "needs a CUDA build of torch" in lenient.stdout
+
+
+def test_a_workspace_owners_captures_keep_torchs_cached_workspaces(monkeypatch):
+    """blas_workspaces_for: captures of one owner (a Generator) share torch's cached cuBLAS
+    workspaces; any other capture, or an owner that died, drops them first."""
+    import gc
+
+    from cugraphrt_torch.capture import _torch
+
+    clears: list[int] = []
+    monkeypatch.setattr(_torch._cuda_internals, "clear_cublas_workspaces",
+                        lambda: clears.append(1))
+
+    class Owner:
+        pass
+
+    first, second = Owner(), Owner()
+    _torch.blas_workspaces_for(first)
+    _torch.blas_workspaces_for(first)  # its own: kept
+    assert len(clears) == 1
+    _torch.blas_workspaces_for(second)  # another owner's: dropped
+    _torch.blas_workspaces_for(None)  # a capture of nobody's: dropped, every time
+    _torch.blas_workspaces_for(None)
+    assert len(clears) == 4
+    _torch.blas_workspaces_for(second)
+    _torch.drop_blas_workspaces()  # dropped elsewhere: the owner's next capture drops too
+    _torch.blas_workspaces_for(second)
+    assert len(clears) == 7
+    del second
+    gc.collect()
+    third = Owner()  # the dead owner's workspaces are nobody's
+    _torch.blas_workspaces_for(third)
+    assert len(clears) == 8

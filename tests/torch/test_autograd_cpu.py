@@ -361,7 +361,7 @@ def test_a_view_kept_by_a_hook_warns_and_switches_to_copies():
     rt(y).sum().backward()
     with pytest.warns(UserWarning, match="args\\[0\\] is still referenced.*returned as copies"):
         rt(torch.randn(5, 8, dtype=F64, requires_grad=True)).sum().backward()
-    assert rt._grads.copy[0] and not rt._grads.copy[1]
+    assert rt._back.grads.copy[0] and not rt._back.grads.copy[1]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rt(torch.randn(5, 8, dtype=F64, requires_grad=True)).sum().backward()
@@ -371,7 +371,7 @@ def test_without_storage_counts_every_gradient_is_copied(monkeypatch):
     monkeypatch.setattr(_autograd_guard, "_use_count", None)
     graphed, control = linear_pair()
     rt = fake(graphed, torch.randn(5, 8, dtype=F64))
-    assert all(rt._grads.copy)
+    assert all(rt._back.grads.copy)
     backward_twice(rt, control)
     assert torch.equal(graphed.weight.grad, control.weight.grad)
 

@@ -100,7 +100,7 @@ def test_the_shared_memory_goes_back_with_the_family():
     cugraphrt.empty_cache()
     torch.cuda.empty_cache()
     # Within two pages of where it started: the pool's segments went back (the warm-ups'
-    # memory was torch's cache, emptied above).
+    # memory was the family's pool's).
     assert torch.cuda.mem_get_info()[0] >= free_before - (4 << 20), reserved
 
 

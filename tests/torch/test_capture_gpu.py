@@ -202,3 +202,37 @@ def test_torch_and_cupy_kernels_in_one_capture():
         g.replay()
         torch.cuda.synchronize()
         torch.testing.assert_close(w, torch.relu(torch.sin(x) * 2 + x))
+
+
+def test_a_capture_hands_back_a_captured_graph():
+    """``capture.captured``: the graph, its capture number in the pool's order, its memory,
+    and replays that stay live while it lives and raise once the graph is reset."""
+    x = torch.randn(4096, device="cuda")
+    pool = cugraphrt.graph_pool_handle()
+    g1, g2 = cugraphrt.Graph(), cugraphrt.Graph()
+    with cugraphrt_torch.graph(g1, pool=pool) as c1:
+        y1 = x * 2
+    with cugraphrt_torch.graph(g2, pool=pool) as c2:
+        y2 = y1 + 1
+    first, second = c1.captured, c2.captured
+    assert isinstance(first, cugraphrt_torch.CapturedGraph)
+    assert first.graph is g1 and second.graph is g2
+    assert second.seq == first.seq + 1  # the pool's order: capture order
+    assert first.memory is c1.memory and first.torch_graph is c1.torch_graph is not None
+    for replay in ("launch", "on_torch_stream", "replay"):
+        fresh = torch.randn_like(x)
+        x.copy_(fresh)
+        if replay == "replay":
+            first.replay(torch.cuda.current_stream())
+            second.replay(torch.cuda.current_stream())
+        else:
+            getattr(first, replay)()
+            getattr(second, replay)()
+        torch.cuda.synchronize()
+        torch.testing.assert_close(y2, fresh * 2 + 1)
+    del c1, y1, y2
+    g1.reset()
+    assert first.torch_graph is None
+    with pytest.raises(cugraphrt.ReplayError, match="reset"):
+        first.launch()
+    assert "reset" in repr(first) and "live" in repr(second)

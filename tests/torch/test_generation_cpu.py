@@ -204,3 +204,25 @@ def test_each_generator_compiles_its_own_step(monkeypatch):
     assert len(compiled) == 16
     steps = [generator._program.step for generator in generators]
     assert steps[0] is not steps[1]
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_models_equal_transformers_generate(arch):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    if arch == "mixtral":
+        model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
+            num_local_experts=4, num_experts_per_tok=2, **common))
+    else:
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, head_dim=16,
+            **common))
+    model.eval()
+    generator = Generator(model, max_length=64, graphed=False, batch_buckets=(2, 4),
+                          prompt_buckets=(8, 20), cache_buckets=(16, 24, 40, 64))
+    ids, mask = _prompts([5, 12, 9])
+    expected = _reference(model, ids, mask, max_new_tokens=24)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=24, pad_token_id=0),
+                       expected)

@@ -133,3 +133,98 @@ def test_graphs_share_one_pool_and_report_it(setup):
     assert stats.pool_reserved_bytes > 0
     assert stats.pool_reserved_bytes == generator.pool.stats().reserved_bytes
     assert stats.state_bytes > 0 and stats.capture_s > 0
+
+
+def test_a_generators_graphs_share_one_cublas_workspace():
+    """Its graphs never run at once: the first capture's workspace serves them all (each
+    decode graph's loop body held one of its own before, 32 MiB or more on an H200)."""
+    model = _model("llama")
+    generator = Generator(model, max_length=256, batch_buckets=(8,))
+    generator.capture(8, 200)  # one prefill graph and one decode graph (cache bucket 256)
+    first = generator.stats()
+    generator.capture(8, 16)  # one more prefill graph, three more decode graphs
+    second = generator.stats()
+    added = len(second.prefill_graphs + second.decode_graphs) \
+        - len(first.prefill_graphs + first.decode_graphs)
+    assert added == 4, (first, second)
+    growth = second.pool_reserved_bytes - first.pool_reserved_bytes
+    assert growth < added * (16 << 20), (growth >> 20, added)
+    ids, mask = _prompts([5, 9, 17, 3, 12, 17, 8, 1], seed=9)
+    expected = _reference(model, ids, mask, max_new_tokens=NEW)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0),
+                       expected)
+
+
+# -- sampling (sampling=True) -------------------------------------------------------------
+
+SAMPLED = dict(do_sample=True, temperature=0.9, top_k=40, top_p=0.95, repetition_penalty=1.1)
+
+
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager-step", "compiled-step"])
+def test_sampled_tokens_equal_the_same_program_run_eagerly(setup, compile_step):
+    """Graphed (device loop, noise drawn on the device) against graphed=False (one launch
+    per operation) with the same seeds: the same tokens; and the draws are fresh at every
+    step and every call."""
+    model, _ = setup
+    # One batch bucket: a row's logits are the same whatever other rows share its bucket,
+    # while another bucket's matmuls may round them otherwise (as for greedy tokens).
+    options = dict(max_length=128, batch_buckets=(4,), sampling=True)
+    graphed = Generator(model, compile_step=compile_step, **options)
+    eager = Generator(model, graphed=False, **options)
+    ids, mask = _prompts([5, 9, 17], seed=6)
+    seeds = [101, 202, 303]
+    got = graphed.generate(ids, mask, max_new_tokens=40, pad_token_id=0, seed=seeds,
+                           **SAMPLED)
+    want = eager.generate(ids, mask, max_new_tokens=40, pad_token_id=0, seed=seeds,
+                          **SAMPLED)
+    assert torch.equal(got, want)
+    greedy = _reference(model, ids, mask, max_new_tokens=40, repetition_penalty=1.1)
+    assert not torch.equal(got, greedy)  # it sampled
+    again = graphed.generate(ids, mask, max_new_tokens=40, pad_token_id=0, seed=seeds,
+                             **SAMPLED)
+    assert torch.equal(again, got)  # the same seeds, the same tokens
+    other = graphed.generate(ids, mask, max_new_tokens=40, pad_token_id=0,
+                             seed=[1, 2, 3], **SAMPLED)
+    assert all(not torch.equal(other[r], got[r]) for r in range(3))
+    # A row alone (the longest prompt: no padding either way) draws what it drew beside
+    # the others.
+    alone = graphed.generate(ids[2:], mask[2:], max_new_tokens=40, pad_token_id=0,
+                             seed=[303], **SAMPLED)
+    assert torch.equal(alone[0], got[2])
+
+
+def test_sampling_generator_keeps_greedy_tokens_and_the_penalty(setup):
+    model, _ = setup
+    generator = Generator(model, max_length=128, batch_buckets=(4,), sampling=True)
+    ids, mask = _prompts([5, 9, 17], seed=7)
+    for kwargs in ({}, {"repetition_penalty": 1.3}):
+        expected = _reference(model, ids, mask, max_new_tokens=40, **kwargs)
+        got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0, **kwargs)
+        assert torch.equal(got, expected), kwargs
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe"])
+def test_mixture_of_experts_models_keep_generates_tokens(arch):
+    """Decode graphs capture the experts in transformers' batched_mm, which generate's own
+    decoding uses on a GPU; the prefill keeps the model's implementation, as generate's."""
+    from transformers import MixtralConfig, MixtralForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=32000, hidden_size=256, intermediate_size=512,
+                  num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                  max_position_embeddings=512)
+    if arch == "mixtral":
+        model = MixtralForCausalLM(MixtralConfig(num_local_experts=4, num_experts_per_tok=2,
+                                                 **common))
+    else:
+        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2,
+                                                   moe_intermediate_size=256, head_dim=32,
+                                                   **common))
+    model = model.to("cuda", torch.bfloat16).eval()
+    own = model.get_experts_implementation()
+    generator = Generator(model, max_length=128, batch_buckets=(4,))
+    ids, mask = _prompts([5, 9, 17], seed=8)
+    expected = _reference(model, ids, mask, max_new_tokens=40)
+    got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert model.get_experts_implementation() == own

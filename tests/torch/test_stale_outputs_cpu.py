@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import cugraphrt_torch  # noqa: E402
 from cugraphrt_torch.capture import _output_check  # noqa: E402
+from cugraphrt_torch.capture._adopted import CapturedGraph  # noqa: E402
 from cugraphrt_torch.capture._output_check import (  # noqa: E402
     FIX_CLONE,
     FIX_COMPILE,
@@ -53,14 +54,15 @@ def key(tensor) -> int:
 
 class FakeReplay:
     def __init__(self, run) -> None:
-        self._replay = self.on_torch_stream = run
+        self.on_torch_stream = self.launch = run
 
 
-class FakeCapture:
-    torch_graph = None
+class _TorchGraph:
+    """Stands for torch's graph: gone at once (GraphedModule.torch_graph reads None)."""
 
-    def __init__(self, run) -> None:
-        self._replay = FakeReplay(run)
+
+def fake_captured(run, seq: int) -> CapturedGraph:
+    return CapturedGraph(None, FakeReplay(run), None, seq, _TorchGraph())
 
 
 def graphed_module(module, *sample, order=None, seq=0, check_outputs=True, copy_outputs=False):
@@ -80,8 +82,8 @@ def graphed_module(module, *sample, order=None, seq=0, check_outputs=True, copy_
     order = order if order is not None else OverwriteOrder()
     check = None if copy_outputs else make_check(
         check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
-    return GraphedModule(module, None, FakeCapture(run), static, outputs, copy_outputs, False,
-                         order=order, seq=seq, check=check)
+    return GraphedModule(module, fake_captured(run, seq), static, outputs, copy_outputs, False,
+                         order=order, check=check)
 
 
 class Twice(torch.nn.Module):
@@ -222,7 +224,7 @@ def checked_group(items):
     """fake_group's graphed callables with the check make_graphed_callables would add."""
     runtimes = fake_group(items)
     for rt in runtimes:
-        order = rt._guard
+        order = rt._back.guard
         check = make_check(True, f"graphed callable {rt.name}", FIX_CLONE, order)
         check.names = [rt._outputs.paths[p] for p in rt._outputs.positions]
         rt._steps.check = check  # the forward's hand-out step

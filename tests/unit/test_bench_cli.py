@@ -133,7 +133,8 @@ def test_every_issue_workload_is_registered_in_order():
     assert names == ["replay", "chain", "cupy_mlp", "torch_infer", "torch_train",
                      "pool_sharing", "capture_time", "pool_alloc", "serving", "many_shapes",
                      "cg_tolerance",
-                     "hf_decode", "resnet50", "decode_until_eos", "generate", "rebind", "ddp",
+                     "hf_decode", "resnet50", "decode_until_eos", "generate", "generate_sampled",
+                     "rebind", "zoo", "ddp",
                      "tp_decode",
                      "dist_cg",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]

@@ -87,7 +87,7 @@ def test_a_round_times_the_first_token_apart(monkeypatch):
     clock = iter([0.0, 0.002, 10.0, 10.257])  # one token: 2 ms; all 256: 257 ms
     monkeypatch.setattr(workloads_generate.time, "perf_counter", lambda: next(clock))
     torch = SimpleNamespace(cuda=SimpleNamespace(synchronize=lambda: None))
-    timed = workloads_generate._Timed(torch, lambda: "tokens", lambda: "one")
+    timed = workloads_generate.Timed(torch, lambda: "tokens", lambda: "one")
     assert timed() == pytest.approx(0.255 / 255)
     assert timed.firsts == [pytest.approx(0.002)] and timed.tokens == "tokens"
 
@@ -115,12 +115,12 @@ def test_a_hand_loop_with_other_tokens_is_an_error_cell(capsys):
 
 def test_hf_static_must_have_compiled():
     with pytest.raises(RuntimeError, match="did not compile"):
-        workloads_generate._hf_static_compiled(SimpleNamespace())
-    assert workloads_generate._hf_static_compiled(SimpleNamespace(_compiled_call=print)) is print
+        workloads_generate.hf_static_compiled(SimpleNamespace())
+    assert workloads_generate.hf_static_compiled(SimpleNamespace(_compiled_call=print)) is print
     # As _batch uses it: a set-up that passes must not read as a failed one (a None return
     # did, and left hf_static unmeasured on an H200: both 0.50x targets read N/A).
     row = RowBuilder("per token, batch 1", "us", workloads_generate.SYSTEMS, "hf_static",
                      "cugraphrt_compiled")
-    assert row.setup("hf_static", lambda: workloads_generate._hf_static_compiled(
+    assert row.setup("hf_static", lambda: workloads_generate.hf_static_compiled(
         SimpleNamespace(_compiled_call=print))) is not None
     assert "hf_static" not in row.row.cells

@@ -40,6 +40,7 @@ def fake(monkeypatch):
         NOT_IN_BODIES=frozenset({"HOST", "WAIT_EVENT", "EVENT_RECORD"}),
         nodes=lambda g: list(graph.kinds), kind=lambda n: graph.kinds[n], key=lambda n: n,
         kinds=lambda g: sorted(graph.kinds.values()), child_graph=lambda n: None,
+        walk=lambda g: [(n, k, []) for n, k in list(graph.kinds.items())],
         remove_keeping_order=graph.remove_keeping_order)
     monkeypatch.setattr(bodies, "_nodes", nodes)
     return graph

@@ -11,6 +11,7 @@ from cugraphrt._libraries.philox import (
     counters_for,
     philox4x32_10,
     reference_randint,
+    reference_rows,
     reference_uniform,
     reference_words,
 )
@@ -63,3 +64,39 @@ def test_counters_per_family():
 def test_kernel_source_defines_every_kernel():
     for name in KERNEL_NAMES:
         assert f'extern "C" __global__ void {name}(' in KERNEL_SOURCE
+
+
+def test_row_reference_draws_each_row_from_its_own_seed_and_position():
+    both = reference_rows([3, 4], [0, 7], 10)
+    np.testing.assert_array_equal(both[0], reference_rows([3], [0], 10)[0])
+    np.testing.assert_array_equal(both[1], reference_rows([4], [7], 10)[0])
+    # Element i of a row is word i % 4 of counter position + i // 4.
+    words = reference_words(4, 7, 3).reshape(-1)[:10]
+    expected = ((words >> np.uint32(9)).astype(np.float32) + np.float32(0.5)) \
+        * np.float32(2.0**-23)
+    np.testing.assert_array_equal(both[1], expected)
+
+
+def test_row_uniforms_never_reach_0_or_1_and_gumbel_noise_stays_finite():
+    u = reference_rows([0, 1, 2], [0, 0, 0], 40_000)
+    assert u.min() > 0 and u.max() < 1 and abs(float(u.mean()) - 0.5) < 0.01
+    # The extreme words give the extreme values, still inside (0, 1).
+    edge = (np.array([0, 0xFFFFFFFF], dtype=np.uint32) >> np.uint32(9)).astype(np.float32)
+    edge = (edge + np.float32(0.5)) * np.float32(2.0**-23)
+    assert 0 < edge[0] and edge[1] < 1
+    g = reference_rows([5], [0], 40_000, "gumbel")
+    assert np.isfinite(g).all() and abs(float(g.mean()) - 0.5772) < 0.03
+
+
+def test_the_public_row_twin_checks_its_arguments():
+    from cugraphrt import OptionsError
+    from cugraphrt.random import row_draws
+
+    np.testing.assert_array_equal(row_draws([3, 4], [0, 7], 10),
+                                  reference_rows([3, 4], [0, 7], 10))
+    for kwargs, field in [(dict(kind="normal"), "kind"), (dict(positions=[0]), "positions"),
+                          (dict(positions=[0, -1]), "positions"), (dict(seeds=[3, -4]), "seed")]:
+        args = dict(seeds=[3, 4], positions=[0, 7], n=10) | kwargs
+        with pytest.raises(OptionsError) as info:
+            row_draws(**args)
+        assert info.value.field == field

@@ -1,4 +1,5 @@
-"""transformers' ``StaticCache`` internals: its layers' tensors, write counters and length.
+"""transformers' ``StaticCache`` internals: its layers' tensors, write counters and length;
+and the experts implementation of its mixture-of-experts models.
 
 Tested on transformers 5.17 (``StaticCache`` holds ``layers``, each a ``StaticLayer`` with
 ``keys``, ``values``, ``max_cache_len``, ``cumulative_length``, and ``batch_size`` once
@@ -9,11 +10,17 @@ write counters, with the reason.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["static_cache", "sliding_layers", "has_write_counters", "write_counters",
-           "cache_tensors", "cache_view", "view_length"]
+           "cache_tensors", "cache_view", "view_length", "graph_safe_experts"]
+
+#: Experts implementations whose forward never reads routing on the host (transformers 5.17:
+#: ``batched_mm`` gathers each token's experts' weights and runs batched matmuls).
+GRAPH_SAFE_EXPERTS = ("batched_mm",)
 
 
 def static_cache(config: Any, length: int) -> Any:
@@ -69,3 +76,36 @@ def cache_view(cache: Any, rows: int, length: int) -> Any:
 def view_length(view: Any) -> int:
     """The positions a cache (or :func:`cache_view`) attends over."""
     return view.layers[0].max_cache_len
+
+
+@contextlib.contextmanager
+def graph_safe_experts(module: Any) -> Iterator[bool]:
+    """While the block runs, every transformers mixture-of-experts model in ``module`` (itself
+    or a submodule) computes its experts with ``batched_mm`` (yields True), whose forward reads
+    no routing on the host; each model's own implementation comes back after. Anything else
+    runs as it is (yields False).
+
+    The default experts of transformers 5.17 read routing counts on the host (``offs.tolist()``
+    in ``grouped_mm``'s fallback, a loop over the experts hit in ``eager``), which a capture
+    refuses. Tested on transformers 5.17: ``_can_set_experts_implementation`` (a class method
+    reading the model's source for ``@use_experts_implementation``),
+    ``get_experts_implementation`` and ``set_experts_implementation`` (a dict per sub-config).
+    """
+    switched: list[tuple[Any, dict]] = []
+    modules = module.modules() if hasattr(module, "modules") else (module,)
+    try:
+        for model in modules:
+            can_set = getattr(type(model), "_can_set_experts_implementation", None)
+            if can_set is None or not can_set() \
+                    or not hasattr(model, "get_experts_implementation"):
+                continue
+            original = model.get_experts_implementation()
+            wanted = {key: value if value in GRAPH_SAFE_EXPERTS else GRAPH_SAFE_EXPERTS[0]
+                      for key, value in original.items()}
+            if wanted != original:
+                model.set_experts_implementation(wanted)
+                switched.append((model, original))
+        yield bool(switched)
+    finally:
+        for model, original in reversed(switched):
+            model.set_experts_implementation(original)

@@ -87,31 +87,12 @@ class GraphedCallable:
         self._flat = args.is_flat
         self._nargs = args.num_args
         self._direct = outputs.is_direct
-        self._guard = guard
-        self._bwd_seq = backward_seq
         self._bwd_replay = _replayer(backward_graph) if backward_graph is not None else None
         self._params = tuple(params)
         self._grad_indices = args.grad_indices
         check = check if outputs.statics else None
         if check is not None:
             check.names = [outputs.paths[p] for p in outputs.positions]
-        self._grad_outs = tuple(
-            (k, buf, buf.data_ptr(), buf.stride())
-            for k, buf in zip(outputs.diff, static_grad_outputs, strict=False))
-        # backward returns (None for the leaves argument, one gradient per tensor input).
-        self._n_result = 1 + len(self._grad_indices) + len(self._params)
-        owners = [None] * len(self._grad_indices) + list(self._params)
-        labels = [args.paths[i] for i in self._grad_indices]
-        labels += [f"parameter {n!r}" for n in param_names]
-        slots, self._slot_args = [], []
-        for k, grad in enumerate(static_grad_inputs):
-            if grad is not None:
-                slots.append((1 + k, grad, owners[k], labels[k]))
-                self._slot_args.append(self._grad_indices[k] if owners[k] is None else None)
-        held = list(args.statics) + list(outputs.statics) + list(static_grad_outputs)
-        held += [g for g in static_grad_inputs if g is not None]
-        self._grads = GradBuffers(slots, [t for t in held if isinstance(t, _Tensor)], name)
-        self._keep_leaves = any(a is not None for a in self._slot_args)
         self._lazy_grads = len(outputs.statics) > 1 or bool(outputs.nondiff)
         self._nondiff = outputs.nondiff
         # The core's call path (cugraphrt.adapter.CallPath), forward and backward: copy in,
@@ -120,9 +101,12 @@ class GraphedCallable:
         self._steps = _ForwardSteps(name, args, outputs, autocast, check, forward_seq)
         self._forward = CallPath(self._steps.load, guard, forward_seq, _replayer(forward_graph),
                                  self._steps.hand_out)
+        back = self._back = _BackwardSteps(
+            name, self._steps, args, outputs, self._params, param_names, static_grad_outputs,
+            static_grad_inputs, guard, backward_seq)
+        self._keep_leaves = back.keep_leaves
         self._backward_path = None
         if self._bwd_replay is not None:
-            back = _BackwardSteps(self)
             self._backward_path = CallPath(back.load, guard, backward_seq, self._bwd_replay,
                                            back.hand_out)
         function = _function_for(self)
@@ -235,21 +219,43 @@ class _ForwardSteps:
 class _BackwardSteps:
     """The backward's load and hand-out steps, on ``(ctx, grads)``: check that the call is
     the latest forward's, copy the incoming gradients in; hand the gradients out (guarded
-    against the next overwrite, see _autograd_guard)."""
+    against the next overwrite, see _autograd_guard). Built from the capture's plan, with
+    everything a backward call reads."""
 
     __slots__ = ("name", "forward", "grad_outs", "n_result", "grads", "guard", "seq",
                  "keep_leaves", "slot_args")
 
-    def __init__(self, rt: GraphedCallable) -> None:
-        self.name = rt.name
-        self.forward = rt._steps
-        self.grad_outs = rt._grad_outs
-        self.n_result = rt._n_result
-        self.grads = rt._grads
-        self.guard = rt._guard
-        self.seq = rt._bwd_seq
-        self.keep_leaves = rt._keep_leaves
-        self.slot_args = rt._slot_args
+    def __init__(self, name: str, forward: _ForwardSteps, args: ArgPlan, outputs: OutputPlan,
+                 params: tuple, param_names: Sequence[str], static_grad_outputs: Sequence,
+                 static_grad_inputs: Sequence, guard: AliasGuard, seq: int) -> None:
+        self.name = name
+        self.forward = forward
+        self.guard = guard
+        self.seq = seq
+        #: (output index, static gradient buffer, its address, its strides) per
+        #: differentiable output: where an incoming gradient is copied.
+        self.grad_outs = tuple(
+            (k, buf, buf.data_ptr(), buf.stride())
+            for k, buf in zip(outputs.diff, static_grad_outputs, strict=False))
+        # backward returns (None for the leaves argument, one gradient per tensor input).
+        grad_indices = args.grad_indices
+        self.n_result = 1 + len(grad_indices) + len(params)
+        owners = [None] * len(grad_indices) + list(params)
+        labels = [args.paths[i] for i in grad_indices]
+        labels += [f"parameter {n!r}" for n in param_names]
+        slots: list = []
+        #: Per handed-out gradient: the argument index whose leaf may adopt it, or None (a
+        #: parameter's).
+        self.slot_args: list[int | None] = []
+        for k, grad in enumerate(static_grad_inputs):
+            if grad is not None:
+                slots.append((1 + k, grad, owners[k], labels[k]))
+                self.slot_args.append(grad_indices[k] if owners[k] is None else None)
+        held = list(args.statics) + list(outputs.statics) + list(static_grad_outputs)
+        held += [g for g in static_grad_inputs if g is not None]
+        self.grads = GradBuffers(slots, [t for t in held if isinstance(t, _Tensor)], name)
+        #: Whether a forward keeps its leaf arguments (their .grad may adopt a gradient).
+        self.keep_leaves = any(a is not None for a in self.slot_args)
 
     def load(self, call: tuple) -> Any:
         ctx, grads = call

@@ -8,7 +8,7 @@ and an autograd Function per callable that replays them. See docs/training.md.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,6 +16,7 @@ import cugraphrt
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import CugraphrtError, OptionsError
 
+from ..capture._fence import on_capture_stream
 from ..capture._output_check import FIX_CLONE, checkable, make_check
 from ..capture.capture import graph as capture_graph
 from ._autograd_guard import guard_for
@@ -23,6 +24,7 @@ from ._autograd_plan import ArgPlan, OutputPlan, check_module, describe, name_of
 from ._autograd_runtime import GraphedCallable, autocast_state, graphed_forward
 
 if TYPE_CHECKING:
+    from ..capture._adopted import CapturedGraph
     from ._autograd_guard import AliasGuard
 
 __all__ = ["make_graphed_callables", "GraphedCallable"]
@@ -256,15 +258,10 @@ def _tensors_requiring_grad(outputs: Any) -> list[torch.Tensor]:
 
 def _warm_up(work: list[_Work], iterations: int, allow_unused: bool) -> None:
     # Eager runs first, so lazy initialization (cuBLAS handles, cuDNN autotuning, lazy
-    # modules) happens outside the capture. On the capture stream itself, current for torch
-    # and CuPy: library workspaces are per stream, and one created inside a capture would be
-    # carved from the graph pool and held by torch for the stream's life.
-    from ..capture import _torch
-
-    device = torch.cuda.current_device()
-    cupy_stream, side = _torch.stream_pair(None, device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with cupy_stream, torch.cuda.stream(side):
+    # modules) happens outside the capture; on the capture stream (see capture._fence), in
+    # torch's own pool as torch's make_graphed_callables does: the backward runs on
+    # autograd's device thread, which the capture's thread-keyed warm-up pool would not reach.
+    with on_capture_stream(torch.cuda.current_device()):
         for item in work:
             for _ in range(iterations):
                 outputs = _tensors_requiring_grad(item.call())
@@ -276,7 +273,6 @@ def _warm_up(work: list[_Work], iterations: int, allow_unused: bool) -> None:
                     _check_unused(grads, targets, item.name, allow_unused)
                     del grads
                 del outputs
-    torch.cuda.current_stream(device).wait_stream(side)
 
 
 def _capture(work: list[_Work], pool, allow_unused: bool):
@@ -285,11 +281,11 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
     guard: AliasGuard | None = None
     for item in work:
         graph = cugraphrt.Graph()
-        with capture_graph(graph, pool=mem):
+        with capture_graph(graph, pool=mem) as capture:
             outputs = item.call()
         mem = mem if mem is not None else graph.pool()
         guard = guard or guard_for(mem)
-        item.fwd_graph, item.fwd_seq = graph, guard.next_seq()
+        item.fwd_graph, item.fwd_seq = graph, _captured(capture).seq
         item.outputs = OutputPlan(outputs, item.name)
         targets = item.targets()
         diff = [item.outputs.statics[k] for k in item.outputs.diff]
@@ -302,13 +298,20 @@ def _capture(work: list[_Work], pool, allow_unused: bool):
         if not (diff and targets):
             continue
         graph = cugraphrt.Graph()
-        with capture_graph(graph, pool=mem):
+        with capture_graph(graph, pool=mem) as capture:
             grads = torch.autograd.grad(diff, [t for t, _ in targets],
                                         grad_outputs=item.grad_outputs, allow_unused=True)
-        item.bwd_graph, item.bwd_seq = graph, cast("AliasGuard", guard).next_seq()  # set above
+        item.bwd_graph, item.bwd_seq = graph, _captured(capture).seq
         _check_unused(grads, targets, item.name, allow_unused)
         item.grad_inputs = tuple(grads)
     return guard
+
+
+def _captured(capture: capture_graph) -> CapturedGraph:
+    # Its seq is the graph's number in the pool's order, which the guard (guard_for) keeps.
+    captured = capture.captured
+    assert captured is not None  # set by a successful capture
+    return captured
 
 
 def _check_unused(grads, targets, name: str, allow_unused: bool) -> None:

@@ -1,23 +1,30 @@
 """An adopted torch graph's lifetime and replay: what a :class:`cugraphrt.Graph` keeps of a
-capture that :mod:`.capture` handed it.
+capture that :mod:`.capture` handed it, and what the capture hands its caller
+(:class:`CapturedGraph`).
 
 The lifetime rule (stated here once): the Graph keeps the :class:`Owner` alive until it is
 reset or dropped; the owner alone keeps torch's graph, then the torch MemPool it used.
 Everything else reaches torch's graph through the owner or a weak reference, and a
-:class:`Replay` held elsewhere (a GraphedModule's call path) is disarmed when the owner goes.
+:class:`Replay` held elsewhere (a GraphedModule's call path, a :class:`CapturedGraph`) is
+disarmed when the owner goes. A CapturedGraph keeps its Graph, hence the owner, alive: what
+holds one replays a live graph until the Graph is reset.
 """
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import cupy
 
+from cugraphrt import Graph
 from cugraphrt import adapter as core
 from cugraphrt.adapter import FLAGS, check_replay_stream
 from cugraphrt.errors import OptionsError, ReplayError
 
 from . import _alloc, _torch
 
-__all__ = ["Owner", "Instantiate", "Replay", "replay_after_reset"]
+__all__ = ["CapturedGraph", "Owner", "Instantiate", "Replay", "replay_after_reset"]
 
 _current_cupy_stream = cupy.cuda.get_current_stream
 
@@ -130,3 +137,64 @@ class Replay:
             self(_torch.current_torch_stream_ptr(self._device))
         else:
             self._replay()
+
+    def launch(self) -> None:
+        """Torch's replay on torch's current stream, past the pool-order checks: for callers
+        that keep the pool's overwrite order themselves (call paths, bucket families)."""
+        # Read at each call: a reset disarms it, the collectives' first replay swaps it.
+        self._replay()
+
+
+class CapturedGraph:
+    """What a successful :class:`cugraphrt_torch.graph` capture hands its caller (its
+    ``captured`` attribute): the graph, its replays, the memory its tensors live in and its
+    number in the pool's capture order.
+
+    It keeps ``graph`` alive, hence torch's graph and pool (the module docstring states the
+    lifetime rule); after ``graph.reset()`` every replay raises :class:`cugraphrt.ReplayError`.
+
+    Attributes
+    ----------
+    graph : cugraphrt.Graph
+        The graph captured into.
+    memory : object
+        What keeps the torch MemPool the capture allocated from (see
+        ``cugraphrt_torch.graph.memory``): shape buckets keep their outputs mapped with it.
+    seq : int
+        The capture's number in its pool's overwrite order (``cugraphrt.adapter.order_for``),
+        taken as the capture ended: what a call path settles before replaying.
+
+    Methods
+    -------
+    replay(stream=None)
+        ``graph.replay(stream)``: through torch, with the pool-order checks of
+        ``cugraphrt.set_pool_checks``.
+    on_torch_stream()
+        Replay on torch's current stream, with those checks when they are on.
+    launch()
+        Replay on torch's current stream past the checks: for callers that keep the pool's
+        order themselves (a call path settles ``seq`` first; bucket graphs replay in any
+        order). The hot path: one Python call into torch's replay.
+    """
+
+    __slots__ = ("graph", "memory", "seq", "replay", "on_torch_stream", "launch",
+                 "_torch_graph")
+
+    def __init__(self, graph: Graph, replay: Replay, memory: Any, seq: int,
+                 torch_graph: Any) -> None:
+        self.graph = graph
+        self.memory = memory
+        self.seq = seq
+        self.replay = replay
+        self.on_torch_stream = replay.on_torch_stream
+        self.launch = replay.launch
+        self._torch_graph = weakref.ref(torch_graph)
+
+    @property
+    def torch_graph(self) -> Any:
+        """Torch's ``CUDAGraph`` that owns the capture; None once the Graph let it go."""
+        return self._torch_graph()
+
+    def __repr__(self) -> str:
+        state = "live" if self._torch_graph() is not None else "reset"
+        return f"<cugraphrt_torch.CapturedGraph #{self.seq} ({state})>"

@@ -25,7 +25,7 @@ from cugraphrt.adapter import cuda as _cuda
 from cugraphrt.adapter import diagnose as _diagnose
 from cugraphrt.errors import CaptureError, PoolOutOfMemoryError
 
-__all__ = ["capture_error", "torch_capture_status", "TorchPoolOutOfMemoryError",
+__all__ = ["capture_error", "is_host_copy", "torch_capture_status", "TorchPoolOutOfMemoryError",
            "torch_out_of_memory"]
 
 # CUDA status names and texts as torch prints them, mapped to their numbers.
@@ -48,6 +48,8 @@ _STATUS_TEXTS = {
     "dependency created on uncaptured work in another stream": _cuda.CAPTURE_ISOLATION,
 }
 _HOST_COPY_TEXT = "Cannot copy between CPU and CUDA tensors during CUDA graph capture"
+_HOST_COPY_WHAT = ("copies between host and device memory, which capture allows only from "
+                   "pinned memory")
 _ADVICE = (
     "The capture was rolled back. Keep host reads (.item(), .cpu(), .tolist(), printing), "
     "data-dependent shapes (nonzero, boolean masks, unique) and host-to-device copies from "
@@ -63,8 +65,7 @@ _OPERATIONS = (
     (re.compile(r"\.?(nonzero|masked_select|unique|unique_consecutive|argwhere|"
                 r"repeat_interleave)\s*\("),
      "has an output shape that depends on the data, so torch reads a count back to the host"),
-    (re.compile(r"\.(to|cuda)\s*\(|torch\.(tensor|as_tensor)\s*\("),
-     "copies between host and device memory, which capture allows only from pinned memory"),
+    (re.compile(r"\.(to|cuda)\s*\(|torch\.(tensor|as_tensor)\s*\("), _HOST_COPY_WHAT),
     (re.compile(r"\.synchronize\s*\(|\.query\s*\("),
      "waits for the device, which capture forbids"),
     (re.compile(r"\b(all_reduce|all_gather\w*|reduce_scatter\w*|broadcast|barrier|"
@@ -156,7 +157,25 @@ def capture_error(exc: BaseException, where: str | None = None,
         cause = cause.split(": ", 1)[1] if ": " in cause else cause
         return CaptureError(f"{operation} failed during CUDA graph capture (got: {first_line}): "
                             f"{cause}. {_ADVICE}")
-    return CaptureError(f"{operation} cannot be captured (got: {first_line}). {_ADVICE}")
+    advice = _ADVICE
+    if _HOST_COPY_TEXT in text:
+        advice += (" A constant the captured code makes on the host (torch.tensor(v, "
+                   "device=...), an index list, a host tensor it builds and moves) can be "
+                   "staged by the capture instead: cugraphrt_torch.graph(..., "
+                   "stage_host_constants=True); graph_module does it by itself.")
+    return CaptureError(f"{operation} cannot be captured (got: {first_line}). {advice}")
+
+
+def is_host_copy(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) is torch refusing a host-to-device copy
+    from pageable memory during a capture: what staging host constants may fix."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        # torch's own refusal, or a CUDA status on a line that copies host memory.
+        if _HOST_COPY_TEXT in str(seen) or _HOST_COPY_WHAT in str(seen):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def _operation(exc: BaseException, where: str | None) -> str:

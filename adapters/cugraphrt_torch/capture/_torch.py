@@ -7,6 +7,8 @@ fails with a clear message only when a CUDA feature is used.
 from __future__ import annotations
 
 import threading
+import weakref
+from collections.abc import Callable
 
 import cupy
 import torch
@@ -23,7 +25,8 @@ __all__ = [
     "stream_handle",
     "stream_pair",
     "drop_blas_workspaces",
-    "give_back_warm_up_memory",
+    "blas_workspaces_for",
+    "give_back_dropped_workspaces",
 ]
 
 _lock = threading.Lock()
@@ -178,16 +181,46 @@ def drop_blas_workspaces() -> None:
     pool lives, whatever torch does to its cache. This is what the graph trees do for their
     own recordings.
     """
+    global _workspace_owner
+    _workspace_owner = _nobody
     _cuda_internals.clear_cublas_workspaces()
 
 
-def give_back_warm_up_memory() -> None:
-    """After a bucket family's first capture (the one that warmed up): what the warm-ups
-    allocated (their activations, the cuBLAS workspaces the capture made torch forget) is
-    cached in torch's allocator for the capture stream, where nothing reuses it (captures
-    allocate from their pools). Give it back to the device, as ``torch.cuda.graph`` does on
-    entry: a server sizing its KV cache by ``cudaMemGetInfo`` after capture would lose it
-    otherwise (issue 51: 140 MiB of a 35-size Llama family). Once per family: after every
-    single-graph capture it would cost the next capture a new workspace (``capture_time``
-    read 1.63x torch's on an H200 that way, 2026-11-28, against 1.35x without)."""
+def give_back_dropped_workspaces() -> None:
+    """After the first capture of a bucket family or a Generator: the workspaces
+    :func:`drop_blas_workspaces` made torch forget, those of eager streams included (the
+    default stream's, 32 MiB on an H200), sit freed in torch's general cache, where a server
+    sizing its KV cache by ``cudaMemGetInfo`` after capture loses them (issue 51). Give them
+    back to the device, as ``torch.cuda.graph`` does on entry. Once per family or
+    generator, not per capture: every later capture drops its own workspace into its pool
+    (or shares its owner's), and emptying per capture costs each next eager matmul a fresh
+    ``cudaMalloc`` (``capture_time`` read 1.63x torch's that way on an H200)."""
     torch.cuda.empty_cache()
+
+
+def _nobody() -> None:
+    return None
+
+
+# Whose captures made the workspaces torch's cache holds now (see blas_workspaces_for): a
+# weak reference, or _nobody.
+_workspace_owner: Callable[[], object | None] = _nobody
+
+
+def blas_workspaces_for(owner: object | None) -> None:
+    """Before a capture begins: drop torch's cached cuBLAS workspaces (as
+    :func:`drop_blas_workspaces`), unless the captures of ``owner`` made them.
+
+    An owner is an object all of whose graphs live and die together and never run at once,
+    such as a ``Generator``'s: they may share one workspace per stream, which the first of
+    them allocates from its pool and the others bake in too (a generator's decode graphs
+    held one each, 455 MiB at batch 8 with the default buckets; issue 54). Anything else
+    that clears the cache in between (another capture, torch.compile's graph trees) makes
+    the next capture allocate afresh: never a workspace of another owner's pool.
+    """
+    global _workspace_owner
+    if owner is not None and _workspace_owner() is owner:
+        return
+    drop_blas_workspaces()
+    if owner is not None:
+        _workspace_owner = weakref.ref(owner)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -33,7 +32,9 @@ from cugraphrt.options import CaptureOptions, validate_options
 
 from .._internals import cuda as _cuda_internals
 from . import _alloc, _collective_mode, _errors, _torch
-from ._adopted import Instantiate, Owner, Replay
+from ._adopted import CapturedGraph, Instantiate, Owner, Replay
+from ._fence import fenced
+from ._host_constants import HostConstants
 
 if TYPE_CHECKING:
     from cugraphrt.adapter import Capture
@@ -43,10 +44,6 @@ __all__ = ["graph", "warmed_graph"]
 # Torch graphs whose capture could not be ended cleanly: torch's allocator may still hold a
 # filter that points into them, so they must never be destroyed.
 _stranded: list = []
-
-
-def _no_graph() -> None:
-    return None
 
 
 class graph:
@@ -76,9 +73,20 @@ class graph:
         Capture stream (non-default). cugraphrt's per-thread capture stream by default.
     capture_error_mode : {"global", "thread_local", "relaxed"}
         See :class:`cugraphrt.options.CaptureOptions`.
+    stage_host_constants : bool, default False
+        Let the block copy constants it makes on the host to the device (``torch.tensor(v,
+        device="cuda")``, index lists, host tensors it builds and moves): each is copied at
+        capture into pinned memory the graph keeps, and every replay copies it from there.
+        A pageable CPU tensor made before the capture is refused instead (docs/torch.md,
+        "Host constants"). Off by default: it adds a little host time to every torch call
+        of the block.
 
     Attributes
     ----------
+    captured : CapturedGraph or None
+        After a successful exit, what the capture hands its caller: the graph, its replays
+        (``launch`` past the pool-order checks, for code that keeps the order itself), the
+        memory and the capture's number in its pool's order. None before.
     torch_graph : torch.cuda.CUDAGraph or None
         The torch graph that owns the capture, after a successful exit; None before, and
         once ``cuda_graph`` let it go (reset, or garbage collected). A weak reference: the
@@ -100,7 +108,7 @@ class graph:
     """
 
     def __init__(self, cuda_graph: Graph, pool: MemPool | None = None, stream=None,
-                 capture_error_mode: str = "global") -> None:
+                 capture_error_mode: str = "global", stage_host_constants: bool = False) -> None:
         if not isinstance(cuda_graph, Graph):
             raise OptionsError("cuda_graph", cuda_graph, "a cugraphrt.Graph")
         validate_options(CaptureOptions, capture_error_mode=capture_error_mode)
@@ -108,31 +116,42 @@ class graph:
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
         if stream is not None and not (hasattr(stream, "ptr") or hasattr(stream, "cuda_stream")):
             raise OptionsError("stream", stream, "a cupy.cuda.Stream, a torch.cuda.Stream or None")
+        if not isinstance(stage_host_constants, bool):
+            raise OptionsError("stage_host_constants", stage_host_constants, "True or False")
+        self.stage_host_constants = stage_host_constants
         self.cuda_graph = cuda_graph
         self.pool = pool
         self.capture_error_mode = capture_error_mode
         self.stream = stream
-        self._torch_graph: Callable[[], Any] = _no_graph
-        self._replay: Replay | None = None
-        self.memory: Any = None
+        self.captured: CapturedGraph | None = None
         self._session: _TorchCapture | None = None
         self._contexts: contextlib.ExitStack | None = None
         #: Warm-ups run on the capture stream right before the capture begins, their memory
         #: from its pool (see :func:`warmed_graph`); None: none.
         self._warm_up: Callable[[], None] | None = None
+        #: An object whose captures share torch's cuBLAS workspaces (see warmed_graph).
+        self._workspace_owner: object | None = None
 
     @property
     def torch_graph(self):
-        return self._torch_graph()
+        return None if self.captured is None else self.captured.torch_graph
+
+    @property
+    def memory(self) -> Any:
+        return None if self.captured is None else self.captured.memory
 
     def __enter__(self) -> graph:
         _torch.require_cuda("cugraphrt_torch.graph()")
         import torch
 
         device = _cuda.get_device()
+        self.captured = None
         if self.stream is not None:
             check_capture_stream(self.stream, device)
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
+        # Warm-ups are fenced against the stream current at entry: the caller's.
+        warm_up = None if self._warm_up is None else _Fenced(
+            self._warm_up, torch.cuda.current_stream(device), torch_stream)
         # No device synchronization: it would invalidate other threads' captures (see
         # cugraphrt.graph.__enter__), and nothing runs during a capture anyway.
         contexts = contextlib.ExitStack()
@@ -141,7 +160,8 @@ class graph:
         contexts.enter_context(torch.cuda.stream(torch_stream))
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
-                                                torch_stream, device, self._warm_up)
+                                                torch_stream, device, warm_up,
+                                                self.stage_host_constants, self._workspace_owner)
         except BaseException:
             contexts.close()
             raise
@@ -154,9 +174,13 @@ class graph:
         contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
         try:
             if exc is None:
-                self._torch_graph = weakref.ref(session.end())
-                self._replay = session.replay
-                self.memory = _alloc.MemoryKeep(session.mempool)
+                torch_graph = session.end()
+                # Numbered before any other capture into the pool can begin (this thread's
+                # stream is still the capture stream; the pool's order is per pool).
+                seq = core.order_for(session.pool).next_seq()
+                self.captured = CapturedGraph(self.cuda_graph, session.replay,
+                                              _alloc.MemoryKeep(session.mempool), seq,
+                                              torch_graph)
                 return False
             session.abort(exc)
         finally:
@@ -167,22 +191,46 @@ class graph:
         return False
 
 
-def warmed_graph(cuda_graph: Graph, pool: MemPool | None,
-                 warm_up: Callable[[], None]) -> graph:
+def warmed_graph(cuda_graph: Graph, pool: MemPool | None, warm_up: Callable[[], None],
+                 stage_host_constants: bool = False,
+                 workspace_owner: object | None = None) -> graph:
     """A :class:`graph` whose capture first runs ``warm_up()`` on the capture stream, every
-    allocation from the capture's pool.
+    allocation from the capture's pool: the one warm-up of the adapter's captures.
 
     The warm-ups' activations are then freed into the pool the capture allocates from, so
     the capture reuses them rather than leaving them cached in torch's general pool, and the
     cuBLAS workspace they create, which the capture bakes in, is the graph's own: one
     workspace per graph instead of one for the warm-ups and another for the capture (see
-    :func:`_torch.drop_blas_workspaces`). ``warm_up`` runs with the capture stream current,
-    before the CUDA-level begin; whatever it needs from the caller's stream it waits for
-    itself, and the caller's stream must wait for it before reusing that memory.
+    :func:`_torch.drop_blas_workspaces`). ``warm_up`` runs with the capture stream current
+    for torch and CuPy, right before the CUDA-level begin, fenced on both sides: the capture
+    stream waits for the stream current at entry (the caller's work the warm-ups read), and
+    that stream waits for the warm-ups (the capture reuses their memory, which the caller's
+    later replays write).
+
+    ``workspace_owner``: an object all of whose graphs live and die together and never run
+    at once (a Generator): its captures share one cuBLAS workspace per stream instead of
+    each making its own (:func:`_torch.blas_workspaces_for`).
     """
-    capture = graph(cuda_graph, pool=pool)
+    capture = graph(cuda_graph, pool=pool, stage_host_constants=stage_host_constants)
     capture._warm_up = warm_up
+    capture._workspace_owner = workspace_owner
     return capture
+
+
+class _Fenced:
+    """``warm_up()`` on the capture stream, fenced against the caller's stream on both sides
+    (see :func:`warmed_graph`)."""
+
+    __slots__ = ("_warm_up", "_caller", "_stream")
+
+    def __init__(self, warm_up: Callable[[], None], caller, stream) -> None:
+        self._warm_up = warm_up
+        self._caller = caller
+        self._stream = stream
+
+    def __call__(self) -> None:
+        with fenced(self._caller, self._stream):
+            self._warm_up()
 
 
 class _TorchCapture:
@@ -213,6 +261,10 @@ class _TorchCapture:
         self.failed: Capture | None = None  # the capture, once aborted
         self.pool_error: BaseException | None = None
         self.recorder: contextlib.AbstractContextManager[None] | None = None
+        #: Host constants staged while the block runs (stage_host_constants), or None.
+        self.constants: HostConstants | None = None
+        #: Whose captures share torch's cuBLAS workspaces with this one (see warmed_graph).
+        self.workspace_owner: object | None = None
 
     def _new_torch_graph(self):
         import torch
@@ -224,9 +276,11 @@ class _TorchCapture:
 
     @classmethod
     def begin(cls, cuda_graph: Graph, pool, mode: str, torch_stream, device: int,
-              warm_up: Callable[[], None] | None = None) -> _TorchCapture:
+              warm_up: Callable[[], None] | None = None, stage_host_constants: bool = False,
+              workspace_owner: object | None = None) -> _TorchCapture:
         _collective_mode.prepare()  # outside the capture: what the recorder's first use loads
         session = cls(cuda_graph, _resolve_pool(pool), torch_stream, device, warm_up)
+        session.workspace_owner = workspace_owner
         try:
             capture = core.begin_capture(cuda_graph, session.pool, mode, start=session._start)
         except BaseException:
@@ -249,9 +303,15 @@ class _TorchCapture:
             session.abort(exc)
             raise
         session.recorder = recorder
+        if stage_host_constants:  # entered last, left first (see _stop_recording)
+            session.constants = HostConstants(capture, device)
+            session.constants.__enter__()
         return session
 
     def _stop_recording(self) -> None:
+        constants, self.constants = self.constants, None
+        if constants is not None:
+            constants.__exit__(None, None, None)
         recorder, self.recorder = self.recorder, None
         if recorder is not None:
             recorder.__exit__(None, None, None)
@@ -260,8 +320,9 @@ class _TorchCapture:
         """The CUDA-level begin, by torch, so its RNG and allocator know of the capture."""
         # The capture's matmuls get a workspace from its pool, not torch's shared cache,
         # which torch.compile's graph trees clear and free (see drop_blas_workspaces): the
-        # warm-ups create it there, or else the capture does.
-        _torch.drop_blas_workspaces()
+        # warm-ups create it there, or else the capture does; or it is the one the captures
+        # of its workspace owner share.
+        _torch.blas_workspaces_for(self.workspace_owner)
         if self.warm_up is not None:
             with _alloc.warming(self.pool, token, self.mempool, self.device):
                 self.warm_up()
@@ -297,7 +358,8 @@ class _TorchCapture:
                 translated = CaptureError(f"torch could not end the capture (got: {exc}); "
                                           f"see the chained exception")
             raise translated from exc
-        _torch.drop_blas_workspaces()  # nothing after the capture shares its workspace
+        if self.workspace_owner is None:  # nothing after the capture shares its workspace
+            _torch.drop_blas_workspaces()
         return int(self.torch_graph.raw_cuda_graph())
 
     def end(self):

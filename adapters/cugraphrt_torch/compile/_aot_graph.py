@@ -351,8 +351,10 @@ class AotGraph:
         write_back = [(i, b) for i, b in zip(copy_from, buffers, strict=True)
                       if i in self._mutated]
         self._copied = tuple(self._names[i] for i in copy_from)
+        captured = context.captured
+        assert captured is not None  # set by a successful capture
         order = self._order = order_for(self._pool)
-        seq = order.next_seq()  # before any other capture into the pool
+        seq = captured.seq
         if self._check is None and not self._settings.copy_outputs:
             self._check = make_check(self._settings.check_outputs,
                                      f"torch.compile piece '{self.name}'", FIX_COMPILE, order)
@@ -361,11 +363,9 @@ class AotGraph:
             which = [i for i, c in enumerate(clone) if c]
         else:
             which = [i for i, c in enumerate(clone) if c and checkable(outputs[i])]
-        replay = context._replay
-        assert replay is not None  # set by a successful capture
         hand_out = HandOut(outputs, TORCH, copy=copy, check=self._check, seq=seq, which=which,
                            as_list=True)
-        path = CallPath(_CopyIn(buffers, copy_from), order, seq, replay.on_torch_stream,
+        path = CallPath(_CopyIn(buffers, copy_from), order, seq, captured.on_torch_stream,
                         _HandOut(write_back, hand_out))
         return _Recording(cuda_graph, path, static_ptrs, copy_from, outputs)
 

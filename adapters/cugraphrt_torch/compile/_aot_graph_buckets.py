@@ -182,12 +182,11 @@ class _Calls:
         session = _capture(cuda_graph, pool=pool, capture_error_mode="thread_local")
         with session:
             outputs = self.compiled(list(inputs))
-        seq = order_for(pool).next_seq()  # before any other capture
-        replay = session._replay
-        assert replay is not None
+        captured = session.captured
+        assert captured is not None  # set by a successful capture
         # Bucket graphs replay in any order (see the buckets module): past the pool-order
         # checks.
-        return CapturedBucket(lambda: replay._replay(), list(outputs), cuda_graph.reset, seq)
+        return CapturedBucket(captured.launch, list(outputs), cuda_graph.reset, captured.seq)
 
 
 class AotGraphBuckets:

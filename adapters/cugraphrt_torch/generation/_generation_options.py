@@ -36,6 +36,7 @@ class GeneratorOptions(Frozen):
     chunk: int = Field(default=32, ge=1)
     compile_step: bool | Literal["fast"] = False
     graphed: bool = True
+    sampling: bool = False
 
 
 def generator_options(**values: Any) -> GeneratorOptions:

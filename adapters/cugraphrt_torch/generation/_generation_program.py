@@ -19,14 +19,17 @@ What the bodies compute is what Hugging Face's greedy ``generate`` computes with
   from seeing; the logits taken at the last real position (``logits_to_keep``), and the
   cache's write counters set back to the real prompt length, so that decoding overwrites
   the padding's entries before any query may read them;
-* greedy ``argmax``; a finished sequence gets ``pad_token_id``; a sequence finishes at one
+* greedy ``argmax`` (or, with a sampler, transformers' logits processors and a draw: see
+  :mod:`._sampling`); a finished sequence gets ``pad_token_id``; a sequence finishes at one
   of the EOS ids; the loop stops when every sequence finished or the length reached
   ``prompt + max_new_tokens``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +38,7 @@ from .._internals import compile as _compile
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
+from ._sampling import Sampler
 
 __all__ = ["GenerationState", "Program", "MAX_EOS"]
 
@@ -97,10 +101,21 @@ class Program:
     """The prefill and decode bodies over one :class:`GenerationState` and one cache."""
 
     def __init__(self, model: Any, state: GenerationState, cache: Any,
-                 numerics: Numerics | None = None, steps: int = 1) -> None:
+                 numerics: Numerics | None = None, steps: int = 1,
+                 sampler: Sampler | None = None) -> None:
         self.model = model
         self.state = state
         self.cache = cache
+        #: With sampling: the rows' settings and random streams (a step draws its noise
+        #: before the step, outside the compiled code: the draw is a CuPy kernel).
+        self.sampler = sampler
+        # Decode steps on a GPU run a mixture-of-experts model's experts with transformers'
+        # batched_mm, as generate's decoding does (_optimize_model_for_decode), which is also
+        # what a capture can record (no routing read on the host); the prefill keeps the
+        # model's own, as generate's. On the CPU generate keeps the model's own throughout.
+        self._decode_experts: Callable[[], contextlib.AbstractContextManager[Any]] = (
+            (lambda: _transformers.graph_safe_experts(model))
+            if state.ids.device.type == "cuda" else contextlib.nullcontext)
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
         parameters = inspect.signature(model.forward).parameters
@@ -144,6 +159,8 @@ class Program:
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.counters)
+        if self.sampler is not None:
+            self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 0)
@@ -157,11 +174,14 @@ class Program:
     def decode(self, rows: int, length: int) -> None:
         """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
         while_loop body)."""
-        if not self.compiled:
-            self._step(self._view(rows, length), rows)
-            return
-        with _compile.recompile_limit(self._recompile_limit):
-            self.step(self._view(rows, length), rows)
+        with self._decode_experts():
+            if self.sampler is not None:
+                self.sampler.draw()
+            if not self.compiled:
+                self._step(self._view(rows, length), rows)
+                return
+            with _compile.recompile_limit(self._recompile_limit):
+                self.step(self._view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:
         state = self.state
@@ -175,10 +195,14 @@ class Program:
         return torch.logical_and(self.state.running, self.state.cur <= length)
 
     def _choose(self, rows: int, scores: torch.Tensor) -> None:
-        """Greedy choice, appended; EOS and length checks; whether any sequence runs."""
-        state = self.state
+        """Greedy choice (or the sampler's), appended; EOS and length checks; whether any
+        sequence runs."""
+        state, sampler = self.state, self.sampler
         finished = state.finished[:rows]
-        token = torch.where(finished, state.pad, scores.argmax(-1))
+        choice = scores.argmax(-1) if sampler is None else sampler.choose(rows, scores)
+        token = torch.where(finished, state.pad, choice)
+        if sampler is not None:  # what the repetition penalty sees, pad tokens too
+            sampler.seen(rows, token)
         at = state.cur.view(1)
         state.ids[:rows].index_copy_(1, at, token[:, None])
         state.mask[:rows].index_fill_(1, at, 1)

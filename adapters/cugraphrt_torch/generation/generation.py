@@ -23,18 +23,19 @@ from typing import Any, Literal
 
 import torch
 
-from cugraphrt import Graph, MemPool, default_capture_stream
+from cugraphrt import Graph, MemPool
 from cugraphrt.errors import OptionsError
 
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..capture import _torch
-from ..capture.capture import graph
+from ..capture.capture import warmed_graph
 from ..capture.cuda_graph import graph_pool_handle
 from ..compile._eager_kernels import Numerics
 from ..control.control import while_loop
 from ._generation_options import generator_options
 from ._generation_program import MAX_EOS, GenerationState, Program
+from ._sampling import SETTINGS, Sampler, call_settings
 
 __all__ = ["Generator", "GeneratorStats"]
 
@@ -65,7 +66,7 @@ class GeneratorStats:
 
 
 class Generator:
-    """Greedy generation for a Hugging Face causal LM, many tokens per launch.
+    """Greedy or sampled generation for a Hugging Face causal LM, many tokens per launch.
 
     ``Generator(model, max_length=512).generate(input_ids, attention_mask, max_new_tokens=
     128)`` returns what ``model.generate(input_ids, attention_mask=attention_mask,
@@ -109,6 +110,12 @@ class Generator:
     graphed : bool, default True
         False runs the same program eagerly (any device, a host check per step): a
         reference, and a way to run without a GPU.
+    sampling : bool, default False
+        Build the graphs with transformers' logits processors and a draw in every step, so
+        that ``generate`` takes ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+        ``min_p``, ``repetition_penalty`` and per-row seeds (docs/generation.md,
+        "Sampling"). Settings are device tensors the graphs read: changing them captures
+        nothing. Without it the graphs are greedy only, and a bit faster.
 
     Raises
     ------
@@ -121,11 +128,12 @@ class Generator:
                  batch_buckets: Sequence[int] = (1, 2, 4, 8),
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
-                 compile_step: bool | Literal["fast"] = False, graphed: bool = True) -> None:
+                 compile_step: bool | Literal["fast"] = False, graphed: bool = True,
+                 sampling: bool = False) -> None:
         opts = generator_options(
             max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
             cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
-            graphed=graphed)
+            graphed=graphed, sampling=sampling)
         self.max_length, self.chunk = opts.max_length, opts.chunk
         self.batch_buckets = opts.batch_buckets
         self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
@@ -140,9 +148,12 @@ class Generator:
             _torch.require_cuda("cugraphrt_torch.Generator")
         self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
         self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
+        self._sampler = Sampler(self.batch_buckets[-1], _vocab_size(model), self.device) \
+            if sampling else None
         self._program = Program(model, self.state, self._cache,
                                 _step_numerics(opts.compile_step),
-                                len(self.batch_buckets) * len(self.cache_buckets))
+                                len(self.batch_buckets) * len(self.cache_buckets),
+                                self._sampler)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
@@ -154,8 +165,9 @@ class Generator:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  *, max_new_tokens: int, eos_token_id: int | Sequence[int] | None = None,
                  pad_token_id: int | None = None,
-                 callback: Callable[[torch.Tensor], Any] | None = None) -> torch.Tensor:
-        """Greedy tokens after ``input_ids``, as Hugging Face's ``generate`` returns them.
+                 callback: Callable[[torch.Tensor], Any] | None = None,
+                 seed: Any = None, **sampling: Any) -> torch.Tensor:
+        """The tokens after ``input_ids``, as Hugging Face's ``generate`` returns them.
 
         Parameters
         ----------
@@ -174,6 +186,17 @@ class Generator:
             Called after the prefill and after each chunk with the tokens it added, a
             ``(batch, n)`` int64 tensor of its own; a true return value stops the generation
             there.
+        seed : int, torch.Generator, or a sequence of them, optional
+            With ``sampling=True``: each row's random stream. An int seeds row ``r`` with
+            ``seed + r``; a ``torch.Generator`` gives each row a seed drawn from it; a
+            sequence gives one per row. Default: seeds drawn from torch's default CPU
+            generator (``torch.manual_seed`` makes the call reproducible). A row's draws
+            depend on its seed only; its tokens also on its logits, which another batch
+            bucket may round otherwise (docs/generation.md, "Sampling").
+        **sampling
+            With ``sampling=True``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
+            ``min_p``, ``repetition_penalty``, as ``generate`` takes them, defaulting to the
+            model's ``generation_config`` (without ``do_sample``, greedy).
 
         Returns
         -------
@@ -184,6 +207,7 @@ class Generator:
         batch, prompt = self._check_prompt(input_ids, attention_mask, max_new_tokens)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         eos, pad = self._special_tokens(eos_token_id, pad_token_id)
+        settings = self._sampling_settings(batch, seed, sampling)
         rows = _bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
         # Capture first (every graph this call may use): warm-ups run the bodies on the
         # state, which staging then resets.
@@ -192,6 +216,8 @@ class Generator:
                   for length in self._cache_lengths(prompt, max_new_tokens)}
         state = self.state
         state.stage(input_ids, mask, rows, max_new_tokens, pad, eos)
+        if self._sampler is not None:
+            self._sampler.stage(settings, input_ids)
         prefill()
         length, running = state.read()
         seen = prompt
@@ -222,6 +248,10 @@ class Generator:
         tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
                    self.state.finished, self.state.eos, self.state.scalars]
         tensors += _transformers.cache_tensors(self._cache)
+        if self._sampler is not None:
+            rows = self._sampler.settings
+            tensors += [self._sampler.noise, rows.seen, rows.temperature, rows.top_k,
+                        rows.top_p_cut, rows.min_p, rows.penalty, rows.noise_scale]
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
                               sum(t.numel() * t.element_size() for t in tensors))
@@ -270,35 +300,59 @@ class Generator:
     def _graphed(self, body: Callable[[], None], rows: int, prompt_bucket: int | None, *,
                  warm: Callable[[], None] | None = None) -> Callable[[], None]:
         """``body`` captured into the generator's pool (after a warm-up on the capture
-        stream, from a staged dummy prompt); eagerly as it is with ``graphed=False``."""
+        stream from that pool, on a staged dummy prompt); eagerly as it is with
+        ``graphed=False``."""
         if not self.graphed:
             return body
         begin = time.perf_counter()
         prompt = min(prompt_bucket or 1, self.max_length - 1)
         dummy = torch.zeros(rows, prompt, dtype=torch.int64, device=self.device)
-        stream = _torch.torch_stream_for(default_capture_stream().ptr, self.device.index)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            # Kernels, library handles and workspaces for the capture stream. The dummy
-            # prompt (shorter than the cache, counters at 0) keeps the warm-up's writes
-            # inside the cache and every value it writes there finite.
+
+        def warm_up() -> None:
+            # Kernels, library handles and workspaces for the capture stream, from the
+            # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
+            # counters at 0) keeps the warm-up's writes inside the cache and every value it
+            # writes there finite.
             self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
             _tensors.foreach_zero(self._program.counters)
             (warm or body)()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
+
         cuda_graph = Graph()
-        session = graph(cuda_graph, pool=self.pool)
+        # One cuBLAS workspace per stream for all of them: they never run at once.
+        session = warmed_graph(cuda_graph, self.pool, warm_up, workspace_owner=self)
         with torch.cuda.device(self.device), session:
             body()
-        replay = session._replay
-        assert replay is not None  # set by a successful capture
+        captured = session.captured
+        assert captured is not None  # set by a successful capture
         self._graphs.append(cuda_graph)
+        if len(self._graphs) == 1:  # the generator's first capture
+            _torch.give_back_dropped_workspaces()
         self._capture_s += time.perf_counter() - begin
         # torch's replay on torch's current stream, past the pool-order check (see the
         # module's design notes: these graphs hand out no pool memory).
-        return replay._replay
+        return captured.launch
 
     # -- arguments -------------------------------------------------------------------------
+    def _sampling_settings(self, batch: int, seed: Any, settings: dict[str, Any]) -> list:
+        unknown = sorted(set(settings) - set(SETTINGS))
+        if unknown:
+            raise OptionsError(unknown[0], settings[unknown[0]],
+                               "a keyword of generate(): " + ", ".join(SETTINGS))
+        if self._sampler is None:
+            # A greedy generator takes greedy settings (the warpers are unused without
+            # do_sample, as in generate); what changes its tokens needs sampling=True.
+            penalty = settings.get("repetition_penalty")
+            for name, value, changes in (
+                    ("do_sample", settings.get("do_sample"), settings.get("do_sample") is True),
+                    ("seed", seed, seed is not None),
+                    ("repetition_penalty", penalty, penalty not in (None, 1, 1.0))):
+                if changes:
+                    raise OptionsError(name, value, "a Generator built with sampling=True "
+                                       "(this one is greedy)")
+            return []
+        return call_settings(getattr(self.model, "generation_config", None), batch, seed,
+                             settings)
+
     def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
                 or input_ids.dtype not in (torch.int64, torch.int32) \
@@ -360,6 +414,14 @@ def _model_device(model: Any) -> torch.device:
     except (AttributeError, StopIteration):
         raise OptionsError("model", type(model).__name__,
                            "a Hugging Face causal LM (a torch module with parameters)") from None
+
+
+def _vocab_size(model: Any) -> int:
+    """The width of the model's logits (its output embedding's rows)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if head is not None and hasattr(head, "weight"):
+        return int(head.weight.shape[0])
+    return int(model.config.vocab_size)
 
 
 def _positive(name: str, value: Any) -> int:

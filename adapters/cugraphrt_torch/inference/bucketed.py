@@ -2,13 +2,13 @@
 
 The bucket machinery is the core's (:mod:`cugraphrt._callables.buckets`); this module only says how
 torch tensors are copied, padded and cut, and captures one bucket the way :func:`graph_module`
-captures its one shape: warm-up on the capture stream under ``torch.no_grad()``, then a
-capture owned by torch's ``CUDAGraph`` with memory from the shared cugraphrt pool.
+captures its one shape (:func:`~._warm_up.capture_module`): under ``torch.no_grad()``, a
+capture owned by torch's ``CUDAGraph`` with memory from the family's cugraphrt pool, the first
+(largest) bucket's after warm-ups from that pool.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import cupy
@@ -21,8 +21,8 @@ from cugraphrt.errors import ReplayError
 from .._internals import tensors as _tensors
 from ..capture import _torch
 from ..capture._output_check import FIX_COPY, make_check
-from ..capture.capture import graph
 from ..capture.framework import TORCH
+from ._warm_up import capture_module
 
 __all__ = ["BucketedModule"]
 
@@ -51,7 +51,7 @@ class BucketedModule:
     """
 
     def __init__(self, module: torch.nn.Module, sample_args: tuple, device: int, *,
-                 warm_up: Callable[[tuple], None], pool: MemPool | None, copy_outputs: bool,
+                 num_warmup_iters: int, pool: MemPool | None, copy_outputs: bool,
                  buckets: Any, dynamic_dim: Any, pad: Any, memory_budget: int | None,
                  strict: bool, check_outputs: bool | None = None,
                  inputs: str = "copy") -> None:
@@ -65,30 +65,27 @@ class BucketedModule:
         def capture(args: tuple, pool: MemPool, warm: bool) -> CapturedBucket:
             with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
                     cupy.cuda.Device(device):
-                if warm:
-                    warm_up(args)
-                # Kept, to instantiate it apart and measure the executable (BucketStat).
-                cuda_graph = Graph(keep_graph=True)
-                session = graph(cuda_graph, pool=pool)
                 leaves = [a for a in args if isinstance(a, torch.Tensor)]
                 versions = _tensors.versions(leaves)
-                with session:
-                    outputs = module(*args)
+                # Kept, to instantiate it apart and measure the executable (BucketStat).
+                session, outputs = capture_module(
+                    lambda: Graph(keep_graph=True), pool, module, args,
+                    num_warmup_iters if warm else 0)
                 written = _tensors.moved(leaves, versions) if inputs == "rebind" else None
-                if warm:
-                    _torch.give_back_warm_up_memory()
+                if warm:  # the family's first capture
+                    _torch.give_back_dropped_workspaces()
+                captured = session.captured
+                assert captured is not None  # set by a successful capture
+                cuda_graph = captured.graph
                 exec_bytes = instantiate_measured(cuda_graph)
-            seq = order_for(pool).next_seq()  # before any other capture
-            replay = session._replay
-            assert replay is not None
             # Torch's own replay, on torch's current stream, past the pool-order checks: the
-            # bucket graphs of one pool may replay in any order (see the buckets module). Go
-            # through the adapter's replay object, never torch's bound method: a reset
-            # disarms the former, while the latter would keep torch's graph and pool alive.
-            # The torch MemPool keeps the outputs' memory mapped once they share it.
-            return CapturedBucket(lambda: replay._replay(), outputs, cuda_graph.reset, seq,
+            # bucket graphs of one pool may replay in any order (see the buckets module).
+            # ``launch`` is disarmed by a reset, where torch's bound method would keep torch's
+            # graph and pool alive. The torch MemPool keeps the outputs' memory mapped once
+            # they share it.
+            return CapturedBucket(captured.launch, outputs, cuda_graph.reset, captured.seq,
                                   graph=cuda_graph if inputs == "rebind" else None,
-                                  memory=session.memory, exec_bytes=exec_bytes,
+                                  memory=captured.memory, exec_bytes=exec_bytes,
                                   written=written)
 
         def check(pool: MemPool):

@@ -8,7 +8,7 @@ from typing import Any
 import cupy
 import torch
 
-from cugraphrt import Graph, MemPool, default_capture_stream
+from cugraphrt import Graph, MemPool
 from cugraphrt.adapter import (
     CallPath,
     CopyIn,
@@ -28,10 +28,12 @@ from cugraphrt.options import MakeGraphedOptions, validate_options
 
 from .._internals import tensors as _tensors
 from ..capture import _torch
+from ..capture._adopted import CapturedGraph
 from ..capture._output_check import FIX_COPY, checkable, make_check
-from ..capture.capture import graph, warmed_graph
 from ..capture.framework import TORCH
+from ._warm_up import capture_module
 from .bucketed import BucketedModule
+from .pieces import PiecewiseModule
 
 __all__ = ["graph_module", "GraphedModule"]
 
@@ -43,8 +45,8 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
                  strict: bool = False, buckets: Any = None,
                  dynamic_dim: int | tuple[int | None, ...] = 0, pad: Any = 0,
                  memory_budget: int | None = None,
-                 check_outputs: bool | None = None,
-                 inputs: str = "copy") -> GraphedModule | BucketedModule:
+                 check_outputs: bool | None = None, inputs: str = "copy",
+                 pieces: bool = False) -> GraphedModule | BucketedModule | PiecewiseModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
     The sample tensors become the graph's static inputs. Each call copies its tensors into
@@ -94,16 +96,25 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         forward writes in place (their version counters moved during the capture) are
         copied back to the caller's tensors after the replay. See docs/rebinding.md.
 
+    pieces : bool, default False
+        Graph the module in pieces around the statements that need the host (a value read
+        on the host, a shape made from data: detection's non-maximum suppression), through
+        the compile backend with eager's kernels: every piece between them is captured on
+        the sample call and replayed, the statements between run eagerly, and the calls
+        equal eager's (:class:`PiecewiseModule`; docs/torch.md, "In pieces"). Only
+        ``num_warmup_iters`` applies with it.
+
     Returns
     -------
-    GraphedModule, or BucketedModule with ``buckets``
+    GraphedModule, BucketedModule with ``buckets``, or PiecewiseModule with ``pieces``
 
     Raises
     ------
     OptionsError
         For a bad argument.
     CaptureError
-        If the forward does something capture forbids (host syncs, data-dependent shapes).
+        If the forward does something capture forbids (host syncs, data-dependent shapes);
+        the message suggests ``pieces=True``.
     """
     options = validate_options(MakeGraphedOptions, num_warmup_iters=num_warmup_iters,
                                copy_outputs=copy_outputs, check_outputs=check_outputs)
@@ -115,6 +126,14 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
     args = _sample_tuple(sample_args)
     device = _sample_device(module, args)
     _torch.require_cuda("cugraphrt_torch.graph_module()")
+    if not isinstance(pieces, bool):
+        raise OptionsError("pieces", pieces, "True or False")
+    if pieces:
+        if buckets is not None or inputs != "copy":
+            raise OptionsError("pieces", pieces, "pieces=True without buckets or "
+                               "inputs='rebind' (the compile backend has its own buckets: "
+                               "docs/compile.md)")
+        return PiecewiseModule(module, args, num_warmup_iters=options.num_warmup_iters)
     if buckets is not None:
         if pool is not None and not isinstance(pool, MemPool):
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
@@ -123,7 +142,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             own = tuple(a.clone() if a.is_inference() else a for a in args)
         return BucketedModule(
             module, own, device,
-            warm_up=lambda statics: _warm_up(module, statics, options.num_warmup_iters, device),
+            num_warmup_iters=options.num_warmup_iters,
             pool=pool, copy_outputs=options.copy_outputs, buckets=buckets,
             dynamic_dim=dynamic_dim, pad=pad, memory_budget=memory_budget, strict=strict,
             check_outputs=options.check_outputs, inputs=inputs)
@@ -131,20 +150,16 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             cupy.cuda.Device(device):
         # Inference tensors cannot be written outside inference mode: own plain copies.
         static = tuple(a.clone() if a.is_inference() else a for a in args)
-        cuda_graph = Graph()
-        capture = _warmed_capture(cuda_graph, pool, module, static, options.num_warmup_iters,
-                                  device)
         versions = _tensors.versions(static)  # what rebinding copies back (inputs="rebind")
-        with capture:
-            outputs = module(*static)
+        capture, outputs = capture_module(Graph, pool, module, static, options.num_warmup_iters)
         written = _tensors.moved(static, versions) if inputs == "rebind" else None
-    order = order_for(cuda_graph.pool())
-    seq = order.next_seq()  # before any other capture into the pool
+    captured = capture.captured
+    assert captured is not None  # set by a successful capture
+    order = order_for(captured.graph.pool())
     check = None if options.copy_outputs else make_check(
         options.check_outputs, f"graph_module({type(module).__name__})", FIX_COPY, order)
-    return GraphedModule(module, cuda_graph, capture, static, outputs, options.copy_outputs,
-                         strict, order=order, seq=seq, check=check, inputs=inputs,
-                         written=written)
+    return GraphedModule(module, captured, static, outputs, options.copy_outputs, strict,
+                         order=order, check=check, inputs=inputs, written=written)
 
 
 def _sample_tuple(sample_args) -> tuple:
@@ -185,38 +200,6 @@ def _wrong_device(module: torch.nn.Module, device: torch.device) -> None:
                                f"module.to('{device}') first")
 
 
-def _warmed_capture(cuda_graph: Graph, pool: MemPool | None, module, args: tuple,
-                    iterations: int, device: int) -> graph:
-    """The capture of ``module(*args)``, its warm-ups run on the capture stream from the
-    capture's pool (:func:`warmed_graph`): the capture reuses their memory and workspace."""
-    if iterations == 0:
-        return graph(cuda_graph, pool=pool)
-    caller = torch.cuda.current_stream(device)
-
-    def warm_up() -> None:
-        stream = torch.cuda.current_stream(device)  # the capture stream
-        stream.wait_stream(caller)
-        for _ in range(iterations):
-            module(*args)
-        # The capture's memory is the warm-ups': the caller's replays wait for them.
-        caller.wait_stream(stream)
-
-    return warmed_graph(cuda_graph, pool, warm_up)
-
-
-def _warm_up(module, args: tuple, iterations: int, device: int) -> None:
-    if iterations == 0:
-        return
-    # Warm up on the stream the capture will use: cuBLAS/cuDNN handles and workspaces
-    # are per stream, and creating them inside the capture would put them in the pool.
-    stream = _torch.torch_stream_for(default_capture_stream().ptr, device)
-    stream.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(stream):
-        for _ in range(iterations):
-            module(*args)
-    torch.cuda.current_stream(device).wait_stream(stream)
-
-
 class GraphedModule:
     """A module's forward captured as a CUDA graph: call it like the module.
 
@@ -236,16 +219,16 @@ class GraphedModule:
         fresh tensors over it (see ``check_outputs``), never these.
     """
 
-    def __init__(self, module, cuda_graph: Graph, capture: graph, static_inputs: tuple,
-                 outputs: Any, copy_outputs: bool, strict: bool, *,
-                 order: OverwriteOrder | None = None, seq: int = 0,
+    def __init__(self, module, captured: CapturedGraph, static_inputs: tuple, outputs: Any,
+                 copy_outputs: bool, strict: bool, *, order: OverwriteOrder | None = None,
                  check: OutputCheck | None = None, inputs: str = "copy",
                  written: list[bool] | None = None) -> None:
         self.module = module
-        self.graph = cuda_graph
+        cuda_graph = self.graph = captured.graph
         # torch_graph reads through the capture's weak reference. Its replay object does
         # reach torch's graph, but the owner disarms it before letting the graph go.
-        self._capture = capture
+        self._captured = captured
+        seq = captured.seq
         self.static_inputs = static_inputs
         self.static_outputs = outputs
         self._training = module.training
@@ -258,8 +241,6 @@ class GraphedModule:
         if check is not None:
             leaves, _, _ = _tree.flatten(outputs, "output")
             which = [i for i, leaf in enumerate(leaves) if checkable(leaf)]
-        replay = capture._replay
-        assert replay is not None  # set by a successful capture
         # The core's call path (cugraphrt.adapter.CallPath): copy in, settle, replay on
         # torch's current stream, hand out.
         paths = [f"args[{i}]" for i in range(len(statics))]
@@ -273,12 +254,12 @@ class GraphedModule:
         self._path = CallPath(
             load,
             order if order is not None else OverwriteOrder(), seq,
-            with_write_back(TORCH, load, replay.on_torch_stream),
+            with_write_back(TORCH, load, captured.on_torch_stream),
             HandOut(outputs, TORCH, copy=copy_outputs, check=check, seq=seq, which=which))
 
     @property
     def torch_graph(self):
-        return self._capture.torch_graph
+        return self._captured.torch_graph
 
     def __call__(self, *args):
         if self.module.training != self._training:

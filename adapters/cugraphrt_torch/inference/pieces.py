@@ -1,0 +1,70 @@
+"""graph_module(..., pieces=True): a module graphed in pieces around the statements that need
+the host.
+
+Some forwards cannot be captured whole: a statement reads a value on the host or makes a
+shape from data (detection's non-maximum suppression, boxes per image, ``.item()``). The
+compile backend already splits a program at such statements (dynamo's graph breaks) and
+graphs every piece between them; this wraps it for a module: ``torch.compile`` with the
+``"cugraphrt"`` backend and eager's kernels (``aot_eager``: the calls equal eager's), warmed up
+and captured on the sample call, every later call replaying the pieces and running the
+statements between them eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..compile._aot_graph import AotGraphReport, live_aot_graphs
+from ..compile.dynamo import backend
+
+__all__ = ["PiecewiseModule"]
+
+
+class PiecewiseModule:
+    """A module's inference forward graphed in pieces: call it like the module.
+
+    Made by :func:`cugraphrt_torch.graph_module` with ``pieces=True``. Each piece between two
+    statements that need the host is captured on the sample call (after its warm-up) and
+    replayed by later calls with inputs of the sample's shapes; other shapes compile and
+    capture pieces of their own, as ``torch.compile`` does.
+
+    Attributes
+    ----------
+    module : torch.nn.Module
+    """
+
+    def __init__(self, module: torch.nn.Module, sample_args: tuple, *,
+                 num_warmup_iters: int) -> None:
+        self.module = module
+        before = {id(piece) for piece in live_aot_graphs()}
+        # Eager's kernels (aot_eager), outputs copied: each call's results are its own and
+        # equal eager's. warmup: eager runs of each piece before its capture.
+        self._compiled = torch.compile(
+            module, backend=backend, dynamic=False,
+            options={"compiler": "aot_eager", "warmup": max(1, num_warmup_iters)})
+        with torch.no_grad():
+            for _ in range(max(1, num_warmup_iters) + 2):  # warm-ups, the capture, a replay
+                self._compiled(*sample_args)
+        self._pieces = [piece for piece in live_aot_graphs() if id(piece) not in before]
+
+    def __call__(self, *args: Any) -> Any:
+        with torch.no_grad():
+            return self._compiled(*args)
+
+    def report(self) -> list[AotGraphReport]:
+        """One report per piece this module compiled on its sample call: whether it is
+        graphed (replayed), or why it runs eagerly."""
+        return [piece.report() for piece in self._pieces]
+
+    def graphed_fraction(self) -> float:
+        """The fraction of its pieces served by graph replays (1.0: every piece)."""
+        reports = self.report()
+        return sum(r.graphed for r in reports) / len(reports) if reports else 0.0
+
+    def __repr__(self) -> str:
+        reports = self.report()
+        graphed = sum(r.graphed for r in reports)
+        return (f"<cugraphrt_torch.PiecewiseModule of {type(self.module).__name__}: "
+                f"{graphed} of {len(reports)} pieces graphed>")

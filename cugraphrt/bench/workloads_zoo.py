@@ -1,0 +1,182 @@
+"""zoo: does it graph my model? Every torchvision family and tiny transformers architectures
+(:mod:`.zoo_models`, random weights, eval, no grad), each graphed four ways and compared with
+eager on a fresh input:
+
+* ``eager``: the model runs (1), or the reason it does not (then it leaves the counts);
+* ``torch_graph``: ``torch.cuda.graph`` after 3 warm-ups on a side stream, in a pool of its
+  own, inputs copied into the captured ones;
+* ``cugraphrt``: ``cugraphrt_torch.graph_module(model, inputs)``, whole;
+* ``cugraphrt_pieces``: the same, or where it cannot be whole, ``pieces=True`` (the value is
+  the fraction of pieces graphed).
+
+A system's cell is 1 when its outputs equal eager's bit for bit, and an error naming why
+otherwise (a capture refused, outputs that differ: their largest difference). One row per
+model, one per family and a total counting the models graphed and equal; the total's targets
+are the breadth issue's: of the models that run eagerly, at least 90% graphed whole and 98%
+whole or in pieces. Runs only when named (``--only zoo``): a few minutes on an H200.
+``CUGRAPHRT_ZOO_FAMILIES`` (comma-separated parts of family names, e.g. ``transformers`` or
+``torchvision detection``) runs those families only.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from typing import Any
+
+from .real_models import missing_package
+from .spec import Context, RowBuilder, Target, Workload
+from .timing import single
+from .zoo_models import ZooModel, flatten_outputs, zoo_models
+
+__all__ = ["ZOO"]
+
+SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_pieces")
+OURS = ("cugraphrt", "cugraphrt_pieces")
+TOTAL = "total: models graphed and equal to eager"
+
+
+def run_zoo(ctx: Context) -> None:
+    missing = missing_package("torch", "torchvision", "transformers")
+    if ctx.quick or missing or not ctx.selected:
+        row = RowBuilder(TOTAL, "models", SYSTEMS, "eager", "cugraphrt")
+        row.unavailable_all(missing or "runs only when named (--only zoo)")
+        ctx.emit(row.build())
+        return
+    import torch
+
+    counts: dict[str, dict[str, float]] = {}
+    for model in zoo_models(os.environ.get("CUGRAPHRT_ZOO_FAMILIES")):
+        ctx.step(f"{model.family}: {model.name}")
+        row = RowBuilder(f"{model.family}: {model.name}", "equal", SYSTEMS, "eager", "cugraphrt")
+        family = counts.setdefault(model.family, dict.fromkeys(SYSTEMS, 0.0))
+        with torch.no_grad():  # inference, and nothing left switched off for what follows
+            outcome = _graph_four_ways(torch, model, row)
+        for system, value in outcome.items():
+            family[system] += value > 0
+        ctx.emit(row.build())
+        gc.collect()
+        torch.cuda.empty_cache()
+    total = dict.fromkeys(SYSTEMS, 0.0)
+    for name, family in counts.items():
+        row = RowBuilder(f"{name}: models graphed and equal to eager", "models", SYSTEMS,
+                         "eager", "cugraphrt")
+        for system, value in family.items():
+            row.set(system, single(value))
+            total[system] += value
+        ctx.emit(row.build())
+    row = RowBuilder(TOTAL, "models", SYSTEMS, "eager", "cugraphrt")
+    for system, value in total.items():
+        row.set(system, single(value))
+    ctx.emit(row.build())
+
+
+def _graph_four_ways(torch, model: ZooModel, row: RowBuilder) -> dict[str, float]:
+    """Each system's value for ``model`` (1: equal to eager; 0: not, its cell an error)."""
+    values = dict.fromkeys(SYSTEMS, 0.0)
+    try:
+        module, inputs = model.build(torch)
+        expected, fresh = _eager(torch, module, inputs)
+    except Exception as exc:  # noqa: BLE001 - reported in the cell, the zoo goes on
+        for system in SYSTEMS:
+            row.fail(system, exc if system == "eager" else RuntimeError("does not run eagerly"))
+        return values
+    row.set("eager", single(1.0))
+    values["eager"] = 1.0
+    for system, attempt in (("torch_graph", _torch_graph), ("cugraphrt", _whole)):
+        try:
+            values[system] = _compare(torch, attempt(torch, module, inputs, fresh), expected)
+            row.set(system, single(values[system]))
+        except Exception as exc:  # noqa: BLE001
+            row.fail(system, exc)
+    if values["cugraphrt"]:
+        values["cugraphrt_pieces"] = 1.0
+        row.set("cugraphrt_pieces", single(1.0))
+        return values
+    try:
+        got, fraction = _pieces(torch, module, inputs, fresh)
+        _compare(torch, got, expected)
+        values["cugraphrt_pieces"] = fraction if fraction > 0 else 0.0
+        if fraction > 0:
+            row.set("cugraphrt_pieces", single(fraction))
+        else:
+            row.fail("cugraphrt_pieces", RuntimeError("no piece is graphed"))
+    except Exception as exc:  # noqa: BLE001
+        row.fail("cugraphrt_pieces", exc)
+    return values
+
+
+def _eager(torch, module, inputs: tuple) -> tuple[tuple, tuple]:
+    """Eager's outputs on a fresh input (and that input); refuses a model whose two eager
+    runs differ (nothing could equal it)."""
+    fresh = tuple(_like(torch, t) for t in inputs)
+    module(*inputs)
+    first = [t.clone() for t in flatten_outputs(torch, module(*fresh))]
+    second = flatten_outputs(torch, module(*fresh))
+    if not first or any(not torch.equal(a, b) for a, b in zip(first, second, strict=True)):
+        raise RuntimeError("its eager outputs differ from run to run (or it has none)")
+    return tuple(first), fresh
+
+
+def _like(torch, tensor):
+    gen = torch.Generator(tensor.device).manual_seed(1)
+    if tensor.dtype.is_floating_point:
+        return torch.rand(tensor.shape, dtype=tensor.dtype, device=tensor.device, generator=gen)
+    high = max(int(tensor.max()) + 1, 2)
+    return torch.randint(3 if high > 3 else 0, high, tensor.shape, dtype=tensor.dtype,
+                         device=tensor.device, generator=gen)
+
+
+def _torch_graph(torch, module, inputs: tuple, fresh: tuple) -> tuple:
+    static = tuple(t.clone() for t in inputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            module(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=torch.cuda.graph_pool_handle()):
+        out = module(*static)
+    for target, value in zip(static, fresh, strict=True):
+        target.copy_(value)
+    graph.replay()
+    return tuple(t.clone() for t in flatten_outputs(torch, out))
+
+
+def _whole(torch, module, inputs: tuple, fresh: tuple) -> tuple:
+    from cugraphrt_torch import graph_module
+
+    graphed = graph_module(module, inputs)
+    return tuple(t.clone() for t in flatten_outputs(torch, graphed(*fresh)))
+
+
+def _pieces(torch, module, inputs: tuple, fresh: tuple) -> tuple[tuple, float]:
+    from cugraphrt_torch import graph_module
+
+    graphed: Any = graph_module(module, inputs, pieces=True)
+    got = tuple(t.clone() for t in flatten_outputs(torch, graphed(*fresh)))
+    return got, graphed.graphed_fraction()
+
+
+def _compare(torch, got: tuple, expected: tuple) -> float:
+    if len(got) != len(expected):
+        raise RuntimeError(f"{len(got)} outputs, eager has {len(expected)}")
+    for a, b in zip(got, expected, strict=True):
+        if a.shape != b.shape or not torch.equal(a, b):
+            if a.shape != b.shape:
+                raise RuntimeError(f"an output of shape {tuple(a.shape)}, eager's "
+                                   f"{tuple(b.shape)}")
+            diff = (a.double() - b.double()).abs().max().item()
+            raise RuntimeError(f"outputs differ from eager's (largest difference {diff:.3g})")
+    return 1.0
+
+
+ZOO = Workload(
+    "zoo", "does it graph my model? torchvision's every family and tiny transformers "
+    "architectures (random weights, eval): torch.cuda.graph, graph_module whole, and whole or "
+    "in pieces, each against eager on a fresh input (1 = equal bit for bit)",
+    SYSTEMS, "eager",
+    (Target("cugraphrt", "eager", 0.90, "at_least", metric=TOTAL),
+     Target("cugraphrt_pieces", "eager", 0.98, "at_least", metric=TOTAL)),
+    run_zoo, own=OURS)

@@ -1,0 +1,130 @@
+"""The zoo's catalog and comparison without a GPU: tiny transformers configs build and run on
+the CPU for one architecture of each kind, outputs flatten in a fixed order, and a comparison
+names how outputs differ."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from cugraphrt.bench import workloads_zoo, zoo_models  # noqa: E402
+
+KINDS = {"llama": "tokens", "mixtral": "tokens", "bert": "tokens", "t5": "seq2seq",
+         "vit": "pixels", "swin": "pixels", "whisper": "speech", "wav2vec2": "audio",
+         "clip": "text+pixels"}
+
+
+@pytest.mark.parametrize("model_type", list(KINDS))
+def test_tiny_configs_build_and_run(model_type):
+    auto = next(a for t, a, _ in zoo_models._HF if t == model_type)
+    config = zoo_models._tiny_config(model_type)
+    model = getattr(transformers, auto).from_config(config).eval()
+    ids = torch.randint(3, 256, (1, 16))
+    pixels = torch.rand(1, 3, zoo_models.PIXELS, zoo_models.PIXELS)
+    kind = KINDS[model_type]
+    with torch.no_grad():
+        if kind == "tokens":
+            out = model(input_ids=ids)
+        elif kind == "seq2seq":
+            out = model(input_ids=ids, decoder_input_ids=ids[:, :8], use_cache=False)
+        elif kind == "pixels":
+            out = model(pixel_values=pixels)
+        elif kind == "speech":
+            out = model(input_features=torch.rand(1, config.num_mel_bins,
+                                                  2 * config.max_source_positions),
+                        decoder_input_ids=ids[:, :4], use_cache=False)
+        elif kind == "audio":
+            out = model(input_values=torch.rand(1, 4000))
+        else:
+            out = model(input_ids=ids, pixel_values=pixels)
+    tensors = zoo_models.flatten_outputs(torch, out)
+    assert tensors and all(isinstance(t, torch.Tensor) for t in tensors)
+    assert sum(p.numel() for p in model.parameters()) < 5_000_000  # tiny indeed
+
+
+def test_catalog_and_filter():
+    hf = zoo_models.transformers_models()
+    assert len(hf) >= 30 and len({m.name for m in hf}) == len(hf)
+    assert {"mixtral", "qwen3_moe", "gpt_oss", "falcon", "bloom"} <= {m.name for m in hf}
+    assert {m.family for m in hf} >= {"transformers tokens", "transformers seq2seq",
+                                      "transformers pixels", "transformers speech"}
+
+
+def test_outputs_flatten_in_key_order_and_compare_names_the_difference():
+    a, b = torch.ones(2), torch.zeros(3)
+    assert zoo_models.flatten_outputs(torch, {"z": a, "a": [b, (a,)]}) == (b, a, a)
+    assert workloads_zoo._compare(torch, (a, b), (a.clone(), b.clone())) == 1.0
+    with pytest.raises(RuntimeError, match=r"largest difference 0\.5"):
+        workloads_zoo._compare(torch, (a,), (a - 0.5,))
+    with pytest.raises(RuntimeError, match=r"shape \(3,\), eager's \(2,\)"):
+        workloads_zoo._compare(torch, (b,), (a,))
+    with pytest.raises(RuntimeError, match="2 outputs, eager has 1"):
+        workloads_zoo._compare(torch, (a, b), (a,))
+
+
+def _stand_ins(monkeypatch) -> None:
+    """Two stand-in models, the captures replaced (no GPU here): one every system graphs,
+    one graph_module cannot take whole but takes in pieces."""
+
+    def build(torch):
+        return torch.nn.Linear(4, 4), (torch.ones(2, 4),)
+
+    models = [zoo_models.ZooModel("fake family", "fine", build),
+              zoo_models.ZooModel("fake family", "hostread", build)]
+    monkeypatch.setattr(workloads_zoo, "zoo_models", lambda families=None: models)
+    monkeypatch.setattr(workloads_zoo, "missing_package", lambda *names: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    seen = []
+
+    def whole(torch, module, inputs, fresh):
+        seen.append(len(seen))
+        if len(seen) == 2:  # the second model
+            raise RuntimeError("`float(y.sum())` cannot be captured")
+        return tuple(t.clone() for t in zoo_models.flatten_outputs(torch, module(*fresh)))
+
+    monkeypatch.setattr(workloads_zoo, "_torch_graph", lambda torch, m, i, f: tuple(
+        zoo_models.flatten_outputs(torch, m(*f))))
+    monkeypatch.setattr(workloads_zoo, "_whole", whole)
+    monkeypatch.setattr(workloads_zoo, "_pieces", lambda torch, m, i, f: (
+        zoo_models.flatten_outputs(torch, m(*f)), 0.5))
+
+
+def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
+    from cugraphrt.bench.spec import Context, Failed
+    from cugraphrt.bench.timing import Summary
+
+    _stand_ins(monkeypatch)
+    ctx = Context(selected=True)
+    workloads_zoo.run_zoo(ctx)
+    assert torch.is_grad_enabled()  # the zoo leaves autograd as it found it
+    rows = {row.metric: row.cells for row in ctx.rows}
+    fine, hostread = rows["fake family: fine"], rows["fake family: hostread"]
+    assert all(isinstance(fine[s], Summary) and fine[s].median == 1.0
+               for s in workloads_zoo.SYSTEMS)
+    assert isinstance(hostread["cugraphrt"], Failed)
+    assert "cannot be captured" in hostread["cugraphrt"].message
+    assert hostread["cugraphrt_pieces"].median == 0.5  # the fraction of pieces graphed
+    total = rows[workloads_zoo.TOTAL]
+    assert [total[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
+
+
+def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkeypatch):
+    """A zoo run (the stand-ins above) through the runner's report, rendered as
+    docs/coverage.md renders it."""
+    from cugraphrt.bench import coverage, runner
+
+    _stand_ins(monkeypatch)
+    monkeypatch.setattr(runner, "device_name", lambda: "a test device")
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    report = runner.run_workloads((workloads_zoo.ZOO,), quick=False,
+                                  named=frozenset({"zoo"}))
+    page = coverage.render(report)
+    assert "| fake family | 2 | 2 | 1 | 2 |" in page and page.count("| total |") == 1
+    assert "- `hostread`: in pieces (50% of its pieces graphed); whole: RuntimeError: " \
+           "`float(y.sum())` cannot be captured" in page
+    assert "`fine`" not in page  # graphed whole: not listed
+    assert "- `cugraphrt` / `eager` = 0.500 (>= 0.90): MISS" in page
+    with pytest.raises(ValueError, match="no zoo rows"):
+        coverage.render(report.model_copy(update={"rows": []}))
