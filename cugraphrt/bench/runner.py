@@ -37,6 +37,7 @@ QUICK_BUDGET_S = 60.0
 
 
 def _workloads() -> tuple[Workload, ...]:
+    from .workloads_architectures import GENERATE_ARCHITECTURES
     from .workloads_compile import HF_DECODE, RESNET50
     from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
@@ -50,7 +51,7 @@ def _workloads() -> tuple[Workload, ...]:
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, MANY_SHAPES, CG_TOLERANCE, HF_DECODE, RESNET50,
-            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, REBIND, ZOO,
+            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, GENERATE_ARCHITECTURES, REBIND, ZOO,
             *_distributed_workloads(), *_real_workloads())
 
 

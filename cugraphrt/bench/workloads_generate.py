@@ -44,7 +44,8 @@ from .real_models import LLAMA_LAYERS, missing_package
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import interleave, single, summarize
 
-__all__ = ["GENERATE", "Timed", "hf_static_compiled", "llama", "set_up", "skipped"]
+__all__ = ["GENERATE", "Timed", "equal_new_tokens", "generate_calls", "hf_static_compiled",
+           "llama", "set_up", "skipped"]
 
 SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled",
            "cugraphrt_fast", "torch_loop_eager", "torch_loop", "compiled_device")
@@ -93,15 +94,29 @@ def _wall(torch, call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - begin, result
 
 
-def _hf(model, prompt, *, new: int, static: bool):
-    kwargs = {"cache_implementation": "static"} if static else {}
-    return lambda: model.generate(prompt, attention_mask=prompt.new_ones(prompt.shape),
-                                  max_new_tokens=new, do_sample=False,
-                                  pad_token_id=0, **kwargs)
+def generate_calls(model, prompt, generators: dict[str, Any], new: int = NEW,
+                   hf: dict[str, Any] | None = None, ours: dict[str, Any] | None = None
+                   ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Each system's (whole, one-token) generation of ``prompt``: transformers' eager and
+    static-cache ``generate`` (with ``hf``, greedy by default) and every generator that was
+    built (with ``ours``), none stopping at an EOS."""
+    hf = dict(do_sample=False) if hf is None else hf
+    ours = ours or {}
 
+    def transformers(count: int, static: bool) -> Callable[[], Any]:
+        kwargs = {"cache_implementation": "static"} if static else {}
+        return lambda: model.generate(prompt, attention_mask=prompt.new_ones(prompt.shape),
+                                      max_new_tokens=count, pad_token_id=0, **hf, **kwargs)
 
-def _ours(generator, prompt, *, new: int):
-    return lambda: generator.generate(prompt, max_new_tokens=new, eos_token_id=[])
+    def generator(built, count: int) -> Callable[[], Any]:
+        return lambda: built.generate(prompt, max_new_tokens=count, eos_token_id=[], **ours)
+
+    calls = {"hf_eager": (transformers(new, False), transformers(1, False)),
+             "hf_static": (transformers(new, True), transformers(1, True))}
+    for name, built in generators.items():
+        if built is not None:
+            calls[name] = (generator(built, new), generator(built, 1))
+    return calls
 
 
 def _device_per_step(torch, generator, prompt, new: int) -> float:
@@ -124,9 +139,9 @@ def _device_per_step(torch, generator, prompt, new: int) -> float:
     return seconds / (new - 1)
 
 
-def _equal_steps(tokens, reference) -> float:
+def equal_new_tokens(tokens, reference, prompt: int = PROMPT) -> float:
     """Leading new tokens equal to ``reference``'s, the fewest over the rows."""
-    same = (tokens[:, PROMPT:] == reference[:, PROMPT:]).int().cumprod(1).sum(1)
+    same = (tokens[:, prompt:] == reference[:, prompt:]).int().cumprod(1).sum(1)
     return float(same.min())
 
 
@@ -137,8 +152,9 @@ class Timed:
     ``NEW - 1``); keeps each round's time to first token and the last generation's tokens.
     """
 
-    def __init__(self, torch, whole: Callable[[], Any], one: Callable[[], Any]) -> None:
-        self.torch, self.whole, self.one = torch, whole, one
+    def __init__(self, torch, whole: Callable[[], Any], one: Callable[[], Any],
+                 new: int = NEW) -> None:
+        self.torch, self.whole, self.one, self.new = torch, whole, one, new
         self.firsts: list[float] = []
         self.tokens: Any = None
 
@@ -146,7 +162,7 @@ class Timed:
         first, _ = _wall(self.torch, self.one)
         total, self.tokens = _wall(self.torch, self.whole)
         self.firsts.append(first)
-        return (total - first) / (NEW - 1)
+        return (total - first) / (self.new - 1)
 
 
 def hf_static_compiled(model) -> Callable[..., Any]:
@@ -198,15 +214,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
     prompt = torch.randint(1, 32000, (batch, PROMPT), device="cuda",
                            generator=torch.Generator("cuda").manual_seed(batch))
     per_token, first, same = rows[_per_token(batch)], rows[_first(batch)], rows[_same(batch)]
-    calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "hf_eager": (_hf(model, prompt, new=NEW, static=False),
-                     _hf(model, prompt, new=1, static=False)),
-        "hf_static": (_hf(model, prompt, new=NEW, static=True),
-                      _hf(model, prompt, new=1, static=True))}
-    for name in OURS:
-        if generators[name] is not None:
-            calls[name] = (_ours(generators[name], prompt, new=NEW),
-                           _ours(generators[name], prompt, new=1))
+    calls = generate_calls(model, prompt, generators)
     timed = set_up(ctx, torch, model, batch, calls, per_token)
     for loop, owner in LOOPS.items():
         if generators[owner] is None or owner not in timed:
@@ -226,7 +234,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         per_token.set(name, summarize(values).scaled(US))
         first.set(name, summarize(system.firsts[-len(values):]).scaled(MS))
         if reference is not None:
-            same.set(name, single(_equal_steps(system.tokens, reference)))
+            same.set(name, single(equal_new_tokens(system.tokens, reference)))
     _check_loops(per_token, timed, samples)
     compiled = generators["cugraphrt_compiled"]
     if compiled is not None:
@@ -252,7 +260,7 @@ def skipped(ctx: Context, rows, only: str) -> bool:
 
 def set_up(ctx: Context, torch, model, batch: int,
            calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]],
-           per_token: RowBuilder) -> dict[str, Timed]:
+           per_token: RowBuilder, new: int = NEW) -> dict[str, Timed]:
     """The systems of one batch size, each after its untimed first calls (compilation for
     hf_static, which must have compiled; captures for the generators); a system whose set-up
     fails gets an error cell instead."""
@@ -264,7 +272,7 @@ def set_up(ctx: Context, torch, model, batch: int,
         if name == "hf_static" and per_token.setup(
                 name, lambda: hf_static_compiled(model)) is None:
             continue
-        timed[name] = Timed(torch, whole, one)
+        timed[name] = Timed(torch, whole, one, new)
     return timed
 
 

@@ -1,6 +1,7 @@
 """cugraphrt_torch.Generator on the GPU: tokens equal to Hugging Face's eager greedy generate.
 
-Two architectures from configs with random weights (Llama; Qwen2 with grouped KV heads),
+Architectures from configs with random weights (Llama; Qwen2 with grouped KV heads; the
+sliding-window ones of :mod:`cugraphrt.bench.generate_models`),
 prompts of mixed lengths left-padded as ``generate`` expects, batch sizes 1 to 8 (3 runs in
 bucket 4), EOS in the middle of a batch, the per-chunk callback, the graphed program against
 the same program run eagerly, and the step compiled with eager's numerics.
@@ -228,3 +229,22 @@ def test_mixture_of_experts_models_keep_generates_tokens(arch):
     got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(got, expected)
     assert model.get_experts_implementation() == own
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager-step", "compiled-step"])
+def test_sliding_window_models_keep_generates_tokens(arch, compile_step):
+    """Sliding-window layers (every layer, alternating, five of six) with a window of 16:
+    prompts of up to 17 tokens and 40 new ones cross its edge inside the prefill and inside
+    decode chunks of 32 steps, one launch each, against generate's evicting window cache."""
+    from cugraphrt.bench.generate_models import causal_lm
+
+    model = causal_lm(arch, layers=6 if arch == "gemma3" else 2, hidden=256, vocab=32000,
+                      window=16).to("cuda", torch.bfloat16)
+    generator = Generator(model, max_length=128, batch_buckets=(4,),
+                          compile_step=compile_step)
+    ids, mask = _prompts([5, 9, 17], seed=8)
+    expected = _reference(model, ids, mask, max_new_tokens=40)
+    got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert generator.stats().decode_graphs  # graphed, not run eagerly

@@ -1,4 +1,4 @@
-"""cugraphrt_torch.Generator: greedy generation of a Hugging Face causal LM on the device.
+"""cugraphrt_torch.Generator: generation of a Hugging Face causal LM on the device.
 
 A generation is one prefill launch and then chunks of up to ``chunk`` decode steps, each
 chunk one launch of a graph whose ``while_loop`` runs the decode step, the greedy choice, the
@@ -77,8 +77,9 @@ class Generator:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A decoder-only model whose layers all fit a ``StaticCache`` (full attention; sliding
-        windows are refused), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
+        A decoder-only model whose layers have full or sliding-window attention (a
+        sliding-window layer is cached at full length, its window masked: see
+        docs/generation.md), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
         mode; weights must not move afterwards (the graphs read them in place).
     max_length : int
         The longest sequence served: prompt plus new tokens. The KV cache holds this many
@@ -396,12 +397,17 @@ class Generator:
 def _static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
     """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
     (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
+    uncached = _transformers.uncached_kinds(model.config)
+    if uncached:
+        raise OptionsError("model", type(model).__name__,
+                           "a model whose layers have full or sliding-window attention (got "
+                           f"layers of kind {', '.join(uncached)})")
     cache = _transformers.static_cache(model.config, length)
     sliding = _transformers.sliding_layers(cache)
     if sliding or not _transformers.has_write_counters(cache):
         raise OptionsError("model", type(model).__name__,
-                           "a model whose every layer has full attention (a StaticCache of "
-                           f"StaticLayers; got sliding-window layers {sliding})")
+                           "a transformers release whose StaticCache layers count their "
+                           f"writes on the device (got sliding-window layers {sliding})")
     ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
