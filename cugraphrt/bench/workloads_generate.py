@@ -28,7 +28,9 @@ Every system is timed in the same rounds, shuffled per round (at least 9 timed r
 an untimed one). A round times, per system, a one-token generation (``time to first
 token``) and then a whole one; ``per token`` is the whole one less the first token, over the
 255 tokens after it. Rows: per token, time to first token, the generator's memory (pool
-reserved + cache and state), and the leading tokens equal to ``hf_eager``'s (the fewest of
+reserved + cache and state; beside it, what hf_static's batch-8 set-up took from the device:
+its static cache and compiled graphs, read by ``cudaMemGetInfo`` after emptying every cache
+before it), and the leading tokens equal to ``hf_eager``'s (the fewest of
 the batch's rows, from each system's last generation). Skipped in ``--quick``.
 """
 
@@ -215,7 +217,12 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
                            generator=torch.Generator("cuda").manual_seed(batch))
     per_token, first, same = rows[_per_token(batch)], rows[_first(batch)], rows[_same(batch)]
     calls = generate_calls(model, prompt, generators)
-    timed = set_up(ctx, torch, model, batch, calls, per_token)
+    # transformers' static cache and compiled graphs, beside the generators' pool and state.
+    memory: dict[str, float] | None = {"hf_static": 0.0} if MEMORY.endswith(f"batch {batch}") \
+        else None
+    timed = set_up(ctx, torch, model, batch, calls, per_token, memory=memory)
+    if memory is not None and "hf_static" in timed:
+        rows[MEMORY].set("hf_static", single(memory["hf_static"]))
     for loop, owner in LOOPS.items():
         if generators[owner] is None or owner not in timed:
             per_token.unavailable(loop, f"needs the {owner} generator")
@@ -260,20 +267,37 @@ def skipped(ctx: Context, rows, only: str) -> bool:
 
 def set_up(ctx: Context, torch, model, batch: int,
            calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]],
-           per_token: RowBuilder, new: int = NEW) -> dict[str, Timed]:
+           per_token: RowBuilder, new: int = NEW,
+           memory: dict[str, float] | None = None) -> dict[str, Timed]:
     """The systems of one batch size, each after its untimed first calls (compilation for
     hf_static, which must have compiled; captures for the generators); a system whose set-up
-    fails gets an error cell instead."""
+    fails gets an error cell instead. For each system named in ``memory``, the device memory
+    its set-up took, in MiB, as a server reads it (``cudaMemGetInfo`` after every cache was
+    emptied, against the same after the set-up, nothing emptied) replaces the value."""
     timed: dict[str, Timed] = {}
     for name, (whole, one) in calls.items():
         ctx.step(f"batch {batch}: set up {name}")
+        free = _emptied_free(torch) if memory is not None and name in memory else None
         if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
             continue
+        if free is not None and memory is not None:
+            torch.cuda.synchronize()
+            memory[name] = (free - torch.cuda.mem_get_info()[0]) / MIB
         if name == "hf_static" and per_token.setup(
                 name, lambda: hf_static_compiled(model)) is None:
             continue
         timed[name] = Timed(torch, whole, one, new)
     return timed
+
+
+def _emptied_free(torch) -> int:
+    """Free device memory after a garbage collection and with torch's cache emptied."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0])
 
 
 def _check_loops(per_token: RowBuilder, timed: dict[str, Timed], samples: dict) -> None:
