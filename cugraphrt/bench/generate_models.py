@@ -15,13 +15,18 @@ heads as heads. Each architecture keeps what sets it apart from Llama:
 
 ``window`` is the sliding window, in tokens, of the architectures that have one: set below
 the generated length, so that generation crosses its edge.
+
+:func:`tensor_parallel` splits such a model over the ranks of a process group with the
+model's own plan (``config.base_model_tp_plan``, what ``from_pretrained(tp_plan="auto")``
+applies) and torch's parallel styles, for models built from a config (no checkpoint to
+load, and no ``accelerate``, which ``tp_plan`` needs).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ARCHITECTURES", "WINDOWED", "causal_lm"]
+__all__ = ["ARCHITECTURES", "WINDOWED", "causal_lm", "tensor_parallel"]
 
 ARCHITECTURES = ("llama", "qwen3", "gemma3", "mistral", "gemma2", "mixtral", "gpt_oss")
 #: The architectures with sliding-window layers.
@@ -67,3 +72,35 @@ def causal_lm(arch: str, *, layers: int = 2, hidden: int = 64, vocab: int = 512,
         model = transformers.GptOssForCausalLM(transformers.GptOssConfig(
             head_dim=head_dim, sliding_window=window, **experts, **common))
     return model.eval()
+
+
+#: transformers' plan entries and what they mean for inference. "replicated_with_grad_allreduce"
+#: (Qwen3's per-head norms) only all-reduces gradients: for inference the module stays as it is.
+_STYLES = ("colwise", "rowwise", "replicated_with_grad_allreduce")
+
+
+def tensor_parallel(model: Any, mesh: Any) -> Any:
+    """``model`` with its decoder split over ``mesh`` (a 1-D ``DeviceMesh``) by its own tensor
+    parallel plan: column-parallel query, key, value, gate and up projections and
+    row-parallel output and down projections (one all-reduce after attention and one after
+    the MLP of each layer); embeddings, norms and the head stay whole on every rank. Every
+    rank must build the same weights first (``causal_lm`` seeds them). Returns the model."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = dict(getattr(model.config, "base_model_tp_plan", None) or {})
+    unknown = sorted({style for style in plan.values() if style not in _STYLES})
+    if not plan or unknown:
+        raise ValueError(f"{type(model).__name__}: no tensor-parallel plan this helper applies "
+                         f"(got {plan or 'none'}; styles it knows: {_STYLES})")
+    heads = model.config.num_key_value_heads
+    if heads % mesh.size():
+        raise ValueError(f"{type(model).__name__}: {heads} key-value heads do not split over "
+                         f"{mesh.size()} ranks")
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    parallelize_module(model.model, mesh, {name: styles[style]() for name, style in plan.items()
+                                           if style in styles})
+    return model

@@ -64,9 +64,9 @@ def _real_workloads() -> tuple[Workload, ...]:
 
 
 def _distributed_workloads() -> tuple[Workload, ...]:
-    from .workloads_distributed import DDP, DIST_CG, TP_DECODE
+    from .workloads_distributed import DDP, DIST_CG, GENERATE_TP, TP_DECODE
 
-    return (DDP, TP_DECODE, DIST_CG)
+    return (DDP, TP_DECODE, DIST_CG, GENERATE_TP)
 
 
 #: Every workload, in run order.

@@ -136,7 +136,7 @@ def test_every_issue_workload_is_registered_in_order():
                      "hf_decode", "resnet50", "decode_until_eos", "generate", "generate_sampled",
                      "generate_architectures", "rebind", "zoo", "ddp",
                      "tp_decode",
-                     "dist_cg",
+                     "dist_cg", "generate_tp",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]
     for workload in runner.WORKLOADS:
         for target in workload.targets:
