@@ -241,11 +241,20 @@ def main(check: bool = False) -> None:
     check_capture()
     rank, world = dist.get_rank(), dist.get_world_size()
     loops = (_CHECK_STEPS, _CHECK_REPEATS) if check else (_STEPS, _REPEATS)
-    results = {"ddp": _ddp(torch, device, loops), "tp": _tp(torch, rank, world, device, loops),
-               "cg": _cg(torch, rank, world, device, loops),
-               "generate_tp": generate_tp(torch, world, device, loops[1],
-                                          new=_CHECK_NEW if check else NEW,
-                                          layers=_CHECK_LAYERS if check else LAYERS)}
+    results: dict[str, Any] = {"ddp": _ddp(torch, device, loops),
+                               "tp": _tp(torch, rank, world, device, loops),
+                               "cg": _cg(torch, rank, world, device, loops)}
+    try:
+        results["generate_tp"] = generate_tp(torch, world, device, loops[1],
+                                             new=_CHECK_NEW if check else NEW,
+                                             layers=_CHECK_LAYERS if check else LAYERS)
+    except Exception as exc:  # the other rows stand; this one shows the error
+        if check:
+            raise
+        # Raised on every rank alike (a set-up or a check that fails the same everywhere);
+        # a rank failing alone would leave the others' collectives unpaired until the
+        # launch's deadline, which then reports every rank's stacks.
+        results["generate_tp"] = {"error": f"{type(exc).__name__}: {exc}"}
     if check:
         print(f"OK bench-child rank={rank}", flush=True)
     elif rank == 0:

@@ -125,7 +125,11 @@ def _row(ctx: Context, metric: str, systems: tuple[str, ...], reference: str, su
             ctx.step(f"torchrun, {world_size(gpus)} ranks: ddp, tp_decode, dist_cg and "
                      f"generate_tp")
         results = row.setup(subject, lambda: _measured(ctx))
-        if results is not None:
+        failed = results is not None and "error" in results.get(key, {})
+        if failed:
+            row.fail(subject, RuntimeError(f"{key} failed on the ranks: "
+                                           f"{results[key]['error']}"))
+        elif results is not None:
             samples = results[key] if results_metric is None else results[key][results_metric]
             for system in systems:
                 if unit == "tokens":
