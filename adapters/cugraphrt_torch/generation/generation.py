@@ -31,10 +31,18 @@ from .._internals import transformers as _transformers
 from ..capture import _torch
 from ..capture.capture import warmed_graph
 from ..capture.cuda_graph import graph_pool_handle
-from ..compile._eager_kernels import Numerics
 from ..control.control import while_loop
+from ._generation_checks import (
+    bucket,
+    check_prompt,
+    model_device,
+    special_tokens,
+    static_cache,
+    step_numerics,
+    vocab_size,
+)
 from ._generation_options import generator_options
-from ._generation_program import MAX_EOS, GenerationState, Program
+from ._generation_program import GenerationState, Program
 from ._sampling import SETTINGS, Sampler, call_settings
 
 __all__ = ["Generator", "GeneratorStats"]
@@ -141,18 +149,18 @@ class Generator:
         self.cache_buckets: tuple[int, ...] = opts.cache_buckets or ()
         self.graphed = graphed
         self.model = model
-        self.device = _model_device(model)
+        self.device = model_device(model)
         if graphed:
             if self.device.type != "cuda":
                 raise OptionsError("model", f"a model on {self.device}",
                                    "a model on a CUDA device (or graphed=False)")
             _torch.require_cuda("cugraphrt_torch.Generator")
-        self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
+        self._cache = static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
         self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
-        self._sampler = Sampler(self.batch_buckets[-1], _vocab_size(model), self.device) \
+        self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
         self._program = Program(model, self.state, self._cache,
-                                _step_numerics(opts.compile_step),
+                                step_numerics(opts.compile_step),
                                 len(self.batch_buckets) * len(self.cache_buckets),
                                 self._sampler)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
@@ -205,11 +213,12 @@ class Generator:
             ``(batch, prompt + n)`` int64: the prompts, then ``n`` new tokens, ``n`` the
             steps until every sequence emitted EOS or ``max_new_tokens``.
         """
-        batch, prompt = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        batch, prompt = check_prompt(input_ids, attention_mask, max_new_tokens,
+                                     self.device, self.max_length)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        eos, pad = self._special_tokens(eos_token_id, pad_token_id)
+        eos, pad = special_tokens(self.model, eos_token_id, pad_token_id)
         settings = self._sampling_settings(batch, seed, sampling)
-        rows = _bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
+        rows = bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
         # Capture first (every graph this call may use): warm-ups run the bodies on the
         # state, which staging then resets.
         prefill = self._prefill(rows, prompt)
@@ -238,7 +247,7 @@ class Generator:
     def capture(self, batch_size: int, prompt_length: int) -> None:
         """Capture (if not yet) the graphs a call of this batch size and prompt length uses,
         ahead of the first such call."""
-        rows = _bucket(batch_size, self.batch_buckets, "batch size", "batch_buckets")
+        rows = bucket(batch_size, self.batch_buckets, "batch size", "batch_buckets")
         self._prefill(rows, prompt_length)
         for length in self._cache_lengths(prompt_length, self.max_length - prompt_length):
             self._chunk(rows, length)
@@ -269,7 +278,7 @@ class Generator:
         return next(b for b in self.cache_buckets if b >= length)
 
     def _prefill(self, rows: int, prompt: int) -> Callable[[], None]:
-        prompt_bucket = _bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
+        prompt_bucket = bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
         key = (rows, prompt_bucket)
         run = self._prefills.get(key)
         if run is None:
@@ -353,105 +362,3 @@ class Generator:
             return []
         return call_settings(getattr(self.model, "generation_config", None), batch, seed,
                              settings)
-
-    def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-                or input_ids.dtype not in (torch.int64, torch.int32) \
-                or input_ids.device != self.device or 0 in input_ids.shape:
-            raise OptionsError("input_ids", _describe(input_ids),
-                               f"a non-empty (batch, prompt) integer tensor on {self.device}")
-        if attention_mask is not None and (
-                not isinstance(attention_mask, torch.Tensor)
-                or attention_mask.shape != input_ids.shape
-                or attention_mask.device != self.device):
-            raise OptionsError("attention_mask", _describe(attention_mask),
-                               f"None or a tensor shaped like input_ids "
-                               f"{tuple(input_ids.shape)} on {self.device}")
-        _positive("max_new_tokens", max_new_tokens)
-        batch, prompt = input_ids.shape
-        if prompt + max_new_tokens > self.max_length:
-            raise OptionsError("max_new_tokens", max_new_tokens,
-                               f"at most max_length - prompt = {self.max_length} - {prompt} "
-                               f"= {self.max_length - prompt}; build the Generator with a "
-                               f"larger max_length")
-        return batch, prompt
-
-    def _special_tokens(self, eos_token_id, pad_token_id) -> tuple[list[int], int]:
-        config = getattr(self.model, "generation_config", None)
-        if eos_token_id is None:
-            eos_token_id = getattr(config, "eos_token_id", None)
-        eos = [] if eos_token_id is None else \
-            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        if len(eos) > MAX_EOS or not all(isinstance(t, int) and t >= 0 for t in eos):
-            raise OptionsError("eos_token_id", eos_token_id,
-                               f"None, a token id, or up to {MAX_EOS} token ids")
-        if pad_token_id is None:
-            pad_token_id = getattr(config, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = eos[0] if eos else 0
-        if not isinstance(pad_token_id, int) or pad_token_id < 0:
-            raise OptionsError("pad_token_id", pad_token_id, "None or a token id")
-        return eos, pad_token_id
-
-
-def _static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
-    """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
-    (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
-    uncached = _transformers.uncached_kinds(model.config)
-    if uncached:
-        raise OptionsError("model", type(model).__name__,
-                           "a model whose layers have full or sliding-window attention (got "
-                           f"layers of kind {', '.join(uncached)})")
-    cache = _transformers.static_cache(model.config, length)
-    sliding = _transformers.sliding_layers(cache)
-    if sliding or not _transformers.has_write_counters(cache):
-        raise OptionsError("model", type(model).__name__,
-                           "a transformers release whose StaticCache layers count their "
-                           f"writes on the device (got sliding-window layers {sliding})")
-    ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
-    with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return cache
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        raise OptionsError("model", type(model).__name__,
-                           "a Hugging Face causal LM (a torch module with parameters)") from None
-
-
-def _vocab_size(model: Any) -> int:
-    """The width of the model's logits (its output embedding's rows)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionsError(name, value, "an integer >= 1")
-    return value
-
-
-def _step_numerics(compile_step: bool | str) -> Numerics | None:
-    """The decode step's Inductor numerics: None (not compiled), eager's bits, or eager's
-    rounding alone ("fast")."""
-    if compile_step is False:
-        return None
-    return True if compile_step == "fast" else "exact"
-
-
-def _bucket(size: int, buckets: tuple[int, ...], what: str, option: str) -> int:
-    for bucket in buckets:
-        if bucket >= size:
-            return bucket
-    raise OptionsError(what, size, f"at most the largest of {option} {buckets}")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
-    return type(value).__name__
