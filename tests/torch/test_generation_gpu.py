@@ -248,3 +248,37 @@ def test_sliding_window_models_keep_generates_tokens(arch, compile_step):
     got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(got, expected)
     assert generator.stats().decode_graphs  # graphed, not run eagerly
+
+
+@pytest.mark.parametrize("model_kind", ["cycling", "random"])
+def test_speculative_decoding_keeps_greedys_tokens_in_few_launches(model_kind):
+    """Issue 55: prompt lookup, verification and acceptance inside the decode loop (graphed),
+    in float32 (a verify forward of 5 positions rounds as one of 1 there), against eager
+    generate. The cycling model keeps most drafts: far fewer verify steps than tokens."""
+    from cugraphrt_torch import PromptLookup
+
+    from cugraphrt.bench.generate_models import causal_lm
+
+    from ._generation_models import VOCAB, cycling_model
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if model_kind == "cycling":
+            model, _ = cycling_model(torch, "cuda")
+            vocab = VOCAB
+        else:
+            model, vocab = causal_lm("llama", hidden=256, vocab=32000).to("cuda"), 32000
+            model.generation_config.eos_token_id = None
+        generator = Generator(model, max_length=128, batch_buckets=(4,),
+                              speculative=PromptLookup(tokens=4))
+        ids, mask = prompts(torch, [5, 9, 17], vocab, 8, device="cuda")
+        expected = _reference(model, ids, mask, max_new_tokens=60)
+        got = generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0)
+        assert torch.equal(got, expected)
+        stats = generator.stats()
+        assert stats.decode_graphs and stats.speculative_tokens == 59
+        if model_kind == "cycling":
+            assert stats.speculative_steps <= 25, stats
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

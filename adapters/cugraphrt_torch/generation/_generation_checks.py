@@ -13,9 +13,10 @@ from cugraphrt.errors import OptionsError
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics
 from ._generation_program import MAX_EOS
+from ._speculative import PromptLookup
 
 __all__ = ["check_prompt", "special_tokens", "static_cache", "model_device", "vocab_size",
-           "positive", "step_numerics", "bucket", "describe"]
+           "positive", "step_numerics", "bucket", "describe", "speculative_options"]
 
 
 def check_prompt(input_ids: Any, attention_mask: Any, max_new_tokens: Any,
@@ -125,3 +126,21 @@ def describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
     return type(value).__name__
+
+
+def speculative_options(speculative: Any, sampling: bool, compile_step: Any
+                        ) -> PromptLookup | None:
+    """The ``speculative`` option, checked with the options it cannot go with yet."""
+    if speculative is None:
+        return None
+    if not isinstance(speculative, PromptLookup):
+        raise OptionsError("speculative", describe(speculative),
+                           "None or cugraphrt_torch.PromptLookup(tokens=..., ngram=...)")
+    if sampling:
+        raise OptionsError("speculative", speculative,
+                           "None with sampling=True (speculative decoding is greedy)")
+    if compile_step is not False:
+        raise OptionsError("speculative", speculative,
+                           "None with compile_step (the speculative step runs eager's "
+                           "kernels)")
+    return speculative

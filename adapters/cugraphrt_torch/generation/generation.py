@@ -37,6 +37,7 @@ from ._generation_checks import (
     check_prompt,
     model_device,
     special_tokens,
+    speculative_options,
     static_cache,
     step_numerics,
     vocab_size,
@@ -44,6 +45,7 @@ from ._generation_checks import (
 from ._generation_options import generator_options
 from ._generation_program import GenerationState, Program
 from ._sampling import SETTINGS, Sampler, call_settings
+from ._speculative import PromptLookup
 
 __all__ = ["Generator", "GeneratorStats"]
 
@@ -64,6 +66,12 @@ class GeneratorStats:
         Device memory the graphs' pool reserves (their temporaries, shared).
     state_bytes : int
         Device memory of the KV cache and the generator's state tensors.
+    speculative_steps : int
+        With ``speculative``: the verify forwards run so far (each drafted and checked
+        ``speculative.tokens`` tokens).
+    speculative_tokens : int
+        The tokens those steps kept (1 to ``tokens + 1`` each): the acceptance rate is
+        ``(speculative_tokens - speculative_steps) / (speculative_steps * tokens)``.
     """
 
     prefill_graphs: tuple[tuple[int, int], ...]
@@ -71,6 +79,8 @@ class GeneratorStats:
     capture_s: float
     pool_reserved_bytes: int
     state_bytes: int
+    speculative_steps: int = 0
+    speculative_tokens: int = 0
 
 
 class Generator:
@@ -125,6 +135,12 @@ class Generator:
         ``min_p``, ``repetition_penalty`` and per-row seeds (docs/generation.md,
         "Sampling"). Settings are device tensors the graphs read: changing them captures
         nothing. Without it the graphs are greedy only, and a bit faster.
+    speculative : PromptLookup, optional
+        Speculative greedy decoding by prompt lookup: each step drafts
+        ``speculative.tokens`` tokens from the sequence so far, verifies them in one forward
+        and keeps the longest prefix greedy decoding agrees with, inside the decode loop
+        (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
+        ``compile_step``.
 
     Raises
     ------
@@ -138,7 +154,7 @@ class Generator:
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
                  compile_step: bool | Literal["fast"] = False, graphed: bool = True,
-                 sampling: bool = False) -> None:
+                 sampling: bool = False, speculative: PromptLookup | None = None) -> None:
         opts = generator_options(
             max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
             cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
@@ -147,6 +163,13 @@ class Generator:
         self.batch_buckets = opts.batch_buckets
         self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
         self.cache_buckets: tuple[int, ...] = opts.cache_buckets or ()
+        self.speculative = speculative_options(speculative, sampling, opts.compile_step)
+        # Room past max_length for a speculative step's drafts (its cache writes), and the
+        # decode buckets that hold it: a step at length L writes up to L + tokens.
+        self._room = self.speculative.tokens if self.speculative is not None else 0
+        capacity = self.max_length + self._room
+        self._decode_buckets = (*[b for b in self.cache_buckets if b < capacity], capacity) \
+            if self._room else self.cache_buckets
         self.graphed = graphed
         self.model = model
         self.device = model_device(model)
@@ -155,14 +178,14 @@ class Generator:
                 raise OptionsError("model", f"a model on {self.device}",
                                    "a model on a CUDA device (or graphed=False)")
             _torch.require_cuda("cugraphrt_torch.Generator")
-        self._cache = static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
-        self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
+        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device)
+        self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
         self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
         self._program = Program(model, self.state, self._cache,
                                 step_numerics(opts.compile_step),
-                                len(self.batch_buckets) * len(self.cache_buckets),
-                                self._sampler)
+                                len(self.batch_buckets) * len(self._decode_buckets),
+                                self._sampler, self.speculative)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
@@ -239,7 +262,7 @@ class Generator:
             if not running:
                 break
             # The next step feeds the token at position length - 1.
-            chunks[self._cache_bucket(length)]()
+            chunks[self._cache_bucket(length + self._room)]()
             length, running = state.read()
         return state.ids[:batch, :length].clone()
 
@@ -262,20 +285,23 @@ class Generator:
             rows = self._sampler.settings
             tensors += [self._sampler.noise, rows.seen, rows.temperature, rows.top_k,
                         rows.top_p_cut, rows.min_p, rows.penalty, rows.noise_scale]
+        speculator = self._program.speculator
+        steps, kept = speculator.counts.tolist() if speculator is not None else (0, 0)
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
-                              sum(t.numel() * t.element_size() for t in tensors))
+                              sum(t.numel() * t.element_size() for t in tensors), steps, kept)
 
     # -- graphs ----------------------------------------------------------------------------
     def _cache_lengths(self, prompt: int, max_new_tokens: int) -> list[int]:
         """The cache buckets decode steps use from a prompt of ``prompt`` tokens: the first
         step feeds position ``prompt``, the last at most ``prompt + max_new_tokens - 2``."""
-        first = self._cache_bucket(prompt + 1)
-        last = self._cache_bucket(max(prompt + max_new_tokens - 1, prompt + 1))
-        return [b for b in self.cache_buckets if first <= b <= last]
+        room = self._room
+        first = self._cache_bucket(prompt + 1 + room)
+        last = self._cache_bucket(max(prompt + max_new_tokens - 1, prompt + 1) + room)
+        return [b for b in self._decode_buckets if first <= b <= last]
 
     def _cache_bucket(self, length: int) -> int:
-        return next(b for b in self.cache_buckets if b >= length)
+        return next(b for b in self._decode_buckets if b >= length)
 
     def _prefill(self, rows: int, prompt: int) -> Callable[[], None]:
         prompt_bucket = bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
