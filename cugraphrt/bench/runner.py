@@ -46,12 +46,14 @@ def _workloads() -> tuple[Workload, ...]:
     from .workloads_sampled import GENERATE_SAMPLED
     from .workloads_serving import SERVING
     from .workloads_shapes import MANY_SHAPES
+    from .workloads_speculative import SPECULATIVE
     from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
     from .workloads_zoo import ZOO
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, MANY_SHAPES, CG_TOLERANCE, HF_DECODE, RESNET50,
-            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, GENERATE_ARCHITECTURES, REBIND, ZOO,
+            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, GENERATE_ARCHITECTURES, SPECULATIVE,
+            REBIND, ZOO,
             *_distributed_workloads(), *_real_workloads())
 
 

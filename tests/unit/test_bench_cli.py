@@ -134,7 +134,7 @@ def test_every_issue_workload_is_registered_in_order():
                      "pool_sharing", "capture_time", "pool_alloc", "serving", "many_shapes",
                      "cg_tolerance",
                      "hf_decode", "resnet50", "decode_until_eos", "generate", "generate_sampled",
-                     "generate_architectures", "rebind", "zoo", "ddp",
+                     "generate_architectures", "speculative", "rebind", "zoo", "ddp",
                      "tp_decode",
                      "dist_cg", "generate_tp",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]
