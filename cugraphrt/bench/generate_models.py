@@ -37,11 +37,11 @@ def causal_lm(arch: str, *, layers: int = 2, hidden: int = 64, vocab: int = 512,
               window: int = 8, positions: int = 1024) -> Any:
     """``arch``'s ``*ForCausalLM`` on the CPU in float32, in eval mode, seeded (the same
     weights for the same arguments); the caller moves it."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {arch!r}; one of {ARCHITECTURES}")
     import torch
     import transformers
 
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown architecture {arch!r}; one of {ARCHITECTURES}")
     head_dim = 64 if hidden >= 256 else max(hidden // 4, 8)
     heads = hidden // head_dim
     common: dict[str, Any] = dict(
