@@ -282,3 +282,31 @@ def test_speculative_decoding_keeps_greedys_tokens_in_few_launches(model_kind):
             assert stats.speculative_steps <= 25, stats
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_a_draft_model_keeps_greedys_tokens():
+    """Issue 55: a draft model (the target's first layer and head) drafting inside the same
+    graphs, float32, against eager generate."""
+    import copy
+
+    from cugraphrt_torch import DraftModel
+
+    from cugraphrt.bench.generate_models import causal_lm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model = causal_lm("llama", layers=3, hidden=256, vocab=32000).to("cuda")
+        model.generation_config.eos_token_id = None
+        draft = copy.deepcopy(model)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        generator = Generator(model, max_length=128, batch_buckets=(4,),
+                              speculative=DraftModel(draft, tokens=3))
+        ids, mask = prompts(torch, [5, 9, 17], 32000, 8, device="cuda")
+        expected = _reference(model, ids, mask, max_new_tokens=60)
+        assert torch.equal(generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0),
+                           expected)
+        assert generator.stats().speculative_tokens == 59
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

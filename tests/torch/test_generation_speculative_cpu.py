@@ -119,3 +119,62 @@ def test_speculative_options_are_checked(kwargs, field):
 def test_prompt_lookup_takes_positive_integers(tokens, ngram):
     with pytest.raises(OptionsError):
         PromptLookup(tokens=tokens, ngram=ngram)
+
+
+# -- a draft model -------------------------------------------------------------------------------
+
+def _first_layers(model, layers: int):
+    """The target's first ``layers`` layers and its head, as the issue's draft model."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    draft.model.layers = draft.model.layers[:layers]
+    draft.config.num_hidden_layers = layers
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:layers]
+    return draft
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_a_draft_model_generates_greedys_tokens(arch):
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm(arch, layers=3, window=8)
+    draft = _first_layers(model, 1)
+    for lengths in ([19], [5, 12, 9]):
+        ids, mask = prompts(torch, lengths, 512, seed=3)
+        want = _reference(model, ids, mask, max_new_tokens=30)
+        generator = Generator(model, max_length=64, graphed=False, chunk=5,
+                              batch_buckets=(1, 4), prompt_buckets=(8, 20),
+                              cache_buckets=(16, 24, 40, 64),
+                              speculative=DraftModel(draft, tokens=3))
+        got = generator.generate(ids, mask, max_new_tokens=30, pad_token_id=0)
+        assert torch.equal(got, want), (arch, lengths)
+
+
+def test_the_target_as_its_own_draft_keeps_every_draft():
+    # Every draft is the target's own greedy choice: each step keeps all `tokens` of them
+    # (a draft model's step keeps at most `tokens`, not `tokens + 1`).
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm("llama")
+    ids, mask = prompts(torch, [5, 12, 9], 512, seed=3)
+    want = _reference(model, ids, mask, max_new_tokens=31)
+    generator = Generator(model, max_length=64, graphed=False, batch_buckets=(4,),
+                          prompt_buckets=(20,), cache_buckets=(64,),
+                          speculative=DraftModel(causal_lm("llama"), tokens=3))
+    got = generator.generate(ids, mask, max_new_tokens=31, pad_token_id=0)
+    assert torch.equal(got, want)
+    stats = generator.stats()
+    assert (stats.speculative_steps, stats.speculative_tokens) == (10, 30)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused():
+    from cugraphrt_torch import DraftModel
+
+    with pytest.raises(OptionsError, match="vocabulary of 512 tokens") as info:
+        Generator(causal_lm("llama"), max_length=64, graphed=False,
+                  speculative=DraftModel(causal_lm("llama", vocab=256)))
+    assert info.value.field == "speculative.model"
+    with pytest.raises(OptionsError):
+        DraftModel(object())

@@ -13,7 +13,7 @@ from cugraphrt.errors import OptionsError
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics
 from ._generation_program import MAX_EOS
-from ._speculative import PromptLookup
+from ._speculative import DraftModel, PromptLookup
 
 __all__ = ["check_prompt", "special_tokens", "static_cache", "model_device", "vocab_size",
            "positive", "step_numerics", "bucket", "describe", "speculative_options"]
@@ -128,14 +128,25 @@ def describe(value: Any) -> str:
     return type(value).__name__
 
 
-def speculative_options(speculative: Any, sampling: bool, compile_step: Any
-                        ) -> PromptLookup | None:
-    """The ``speculative`` option, checked with the options it cannot go with yet."""
+def speculative_options(speculative: Any, sampling: bool, compile_step: Any, model: Any
+                        ) -> PromptLookup | DraftModel | None:
+    """The ``speculative`` option, checked with the options it cannot go with yet and, for a
+    draft model, against the target ``model`` (vocabulary, device)."""
     if speculative is None:
         return None
-    if not isinstance(speculative, PromptLookup):
+    if not isinstance(speculative, (PromptLookup, DraftModel)):
         raise OptionsError("speculative", describe(speculative),
-                           "None or cugraphrt_torch.PromptLookup(tokens=..., ngram=...)")
+                           "None, cugraphrt_torch.PromptLookup(tokens=..., ngram=...) or "
+                           "cugraphrt_torch.DraftModel(model, tokens=...)")
+    if isinstance(speculative, DraftModel):
+        draft = speculative.model
+        if vocab_size(draft) != vocab_size(model):
+            raise OptionsError("speculative.model", type(draft).__name__,
+                               f"a draft with the target's vocabulary of {vocab_size(model)} "
+                               f"tokens (got {vocab_size(draft)})")
+        if model_device(draft) != model_device(model):
+            raise OptionsError("speculative.model", f"a model on {model_device(draft)}",
+                               f"a draft on the target's device, {model_device(model)}")
     if sampling:
         raise OptionsError("speculative", speculative,
                            "None with sampling=True (speculative decoding is greedy)")

@@ -39,7 +39,7 @@ from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
 from ._sampling import Sampler
-from ._speculative import PromptLookup, Speculator
+from ._speculative import DraftModel, PromptLookup, Speculator
 
 __all__ = ["GenerationState", "Program", "MAX_EOS"]
 
@@ -104,7 +104,8 @@ class Program:
     def __init__(self, model: Any, state: GenerationState, cache: Any,
                  numerics: Numerics | None = None, steps: int = 1,
                  sampler: Sampler | None = None,
-                 speculative: PromptLookup | None = None) -> None:
+                 speculative: PromptLookup | DraftModel | None = None,
+                 draft_cache: Any = None) -> None:
         self.model = model
         self.state = state
         self.cache = cache
@@ -136,7 +137,11 @@ class Program:
         self._recompile_limit = max(8, steps)
         #: With speculative decoding: the step that drafts, verifies and accepts
         #: (:mod:`._speculative`), the decode loop's body in place of one greedy step.
-        self.speculator = Speculator(self, speculative) if speculative is not None else None
+        # A draft model runs as a program of its own over the same state and its own cache.
+        draft = Program(speculative.model, state, draft_cache) \
+            if isinstance(speculative, DraftModel) else None
+        self.speculator = Speculator(self, speculative, draft) \
+            if speculative is not None else None
 
     def view(self, rows: int, length: int) -> Any:
         """The cache over the first ``rows`` sequences and ``length`` positions."""
@@ -184,6 +189,8 @@ class Program:
                                positions, state.last)
         # The cache holds the real prompt; decoding overwrites the padding's entries.
         _tensors.foreach_copy(self.counters, [state.prompt_len] * len(self.counters))
+        if self.speculator is not None:  # a draft model's cache takes the prompt too
+            self.speculator.prefill(rows, prompt_bucket, length)
         torch.sum(mask, -1, keepdim=True, out=state.next_pos[:rows])
         self._choose(rows, scores)
 

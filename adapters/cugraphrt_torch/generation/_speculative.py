@@ -37,7 +37,7 @@ from cugraphrt.errors import OptionsError
 
 from .._internals import tensors as _tensors
 
-__all__ = ["PromptLookup", "Speculator", "prompt_lookup"]
+__all__ = ["PromptLookup", "DraftModel", "Speculator", "prompt_lookup"]
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,35 @@ class PromptLookup:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionsError(f"speculative.{name}", value, "an integer >= 1")
+
+
+@dataclass(frozen=True, eq=False)
+class DraftModel:
+    """Speculative decoding with a draft model: a smaller causal LM with the target's
+    vocabulary drafts ``tokens`` tokens greedily, one forward each, in the same graph and
+    the same memory pool as the target (its own KV cache, the target's positions and mask).
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        The draft: the same vocabulary (tokenizer) as the target, on the same device, in
+        ``eval()`` mode; a model whose layers have full or sliding-window attention.
+    tokens : int, default 4
+        Draft tokens per step: a step verifies this many and keeps 1 to ``tokens`` (the
+        draft's cache holds the kept ones; the token after all of them would need one more
+        draft forward, so a step keeps at most ``tokens``).
+    """
+
+    model: Any
+    tokens: int = 4
+
+    def __post_init__(self) -> None:
+        value = self.tokens
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise OptionsError("speculative.tokens", value, "an integer >= 1")
+        if not callable(self.model) or not hasattr(self.model, "config"):
+            raise OptionsError("speculative.model", type(self.model).__name__,
+                               "a Hugging Face causal LM")
 
 
 def prompt_lookup(ids: torch.Tensor, mask: torch.Tensor, cur: torch.Tensor, ngram: int,
@@ -85,11 +114,16 @@ def prompt_lookup(ids: torch.Tensor, mask: torch.Tensor, cur: torch.Tensor, ngra
 
 class Speculator:
     """One speculative step of a :class:`~._generation_program.Program` (its model, state,
-    cache views and write counters), and the counts of its steps and tokens."""
+    cache views and write counters), and the counts of its steps and tokens. ``draft``: the
+    draft model's program (over the same state, its own cache), with :class:`DraftModel`."""
 
-    def __init__(self, program: Any, options: PromptLookup) -> None:
+    def __init__(self, program: Any, options: PromptLookup | DraftModel,
+                 draft: Any = None) -> None:
         self.program = program
         self.options = options
+        self.draft = draft
+        #: What a step keeps at most: a draft model's cache lacks the last draft's entry.
+        self.most = options.tokens + (0 if draft is not None else 1)
         device = program.state.ids.device
         self.offsets = torch.arange(options.tokens + 1, device=device)
         #: Verify forwards run, and tokens they kept (for the acceptance rate).
@@ -105,16 +139,18 @@ class Speculator:
         program, state, k = self.program, self.program.state, self.options.tokens
         ids, mask = state.ids[:rows], state.mask[:rows]
         finished = state.finished[:rows]
-        drafts = prompt_lookup(ids, mask, state.cur, self.options.ngram, k)
         drafted = state.cur + self.offsets[:k]
         mask.index_fill_(1, drafted, 1)  # the drafts attend to each other causally
+        options = self.options
+        drafts = prompt_lookup(ids, mask, state.cur, options.ngram, k) \
+            if isinstance(options, PromptLookup) else self._draft(rows, length)
         fed = torch.cat([state.next_ids[:rows], drafts], 1)
         positions = state.next_pos[:rows] + self.offsets
         greedy = program.forward_all(program.view(rows, length), fed, positions).argmax(-1)
         # Drafts each running row got right, in a row from the first.
         right = (drafts == greedy[:, :k]).int().cumprod(1).sum(1)
         take = torch.where(finished, k, right).min() + 1
-        take = torch.minimum(take, state.max_len - state.cur)
+        take = torch.minimum(torch.clamp(take, max=self.most), state.max_len - state.cur)
         tokens = torch.where(finished[:, None], state.pad, greedy)
         eos = (tokens[..., None] == state.eos).any(-1) & (self.offsets < take)
         # Past a row's first EOS: padding, as generate writes.
@@ -132,7 +168,32 @@ class Speculator:
         state.next_pos[:rows].add_(take)
         state.cur.add_(take)
         # The cache keeps the entries of the fed token and the kept drafts.
-        _tensors.foreach_copy(program.counters, [state.cur - 1] * len(program.counters))
+        counters = program.counters + (self.draft.counters if self.draft is not None else [])
+        _tensors.foreach_copy(counters, [state.cur - 1] * len(counters))
         self.counts.add_(torch.stack([torch.ones_like(take), take]))
         torch.logical_and(finished.logical_not().any(), state.cur < state.max_len,
                           out=state.running)
+
+    def _draft(self, rows: int, length: int) -> torch.Tensor:
+        """``(rows, tokens)`` greedy drafts of the draft model, one forward each over its
+        cache, from the fed token on (the drafts' mask positions are set already)."""
+        draft, state = self.draft, self.program.state
+        view = draft.view(rows, length)
+        fed, positions = state.next_ids[:rows], state.next_pos[:rows]
+        drafts = []
+        for step in range(self.options.tokens):
+            fed = draft.forward_all(view, fed, positions + step)[:, -1].argmax(-1, keepdim=True)
+            drafts.append(fed)
+        return torch.cat(drafts, 1)
+
+    def prefill(self, rows: int, prompt_bucket: int, length: int) -> None:
+        """The prompt through the draft model into its cache (after the target's prefill:
+        the same ids, mask and positions), its write counters at the prompt's length."""
+        if self.draft is None:
+            return
+        draft, state = self.draft, self.program.state
+        mask = state.mask[:rows, :prompt_bucket]
+        positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
+        _tensors.foreach_zero(draft.counters)
+        draft.forward_all(draft.view(rows, length), state.ids[:rows, :prompt_bucket], positions)
+        _tensors.foreach_copy(draft.counters, [state.prompt_len] * len(draft.counters))

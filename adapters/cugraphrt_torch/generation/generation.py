@@ -45,7 +45,7 @@ from ._generation_checks import (
 from ._generation_options import generator_options
 from ._generation_program import GenerationState, Program
 from ._sampling import SETTINGS, Sampler, call_settings
-from ._speculative import PromptLookup
+from ._speculative import DraftModel, PromptLookup
 
 __all__ = ["Generator", "GeneratorStats"]
 
@@ -135,11 +135,11 @@ class Generator:
         ``min_p``, ``repetition_penalty`` and per-row seeds (docs/generation.md,
         "Sampling"). Settings are device tensors the graphs read: changing them captures
         nothing. Without it the graphs are greedy only, and a bit faster.
-    speculative : PromptLookup, optional
-        Speculative greedy decoding by prompt lookup: each step drafts
-        ``speculative.tokens`` tokens from the sequence so far, verifies them in one forward
-        and keeps the longest prefix greedy decoding agrees with, inside the decode loop
-        (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
+    speculative : PromptLookup or DraftModel, optional
+        Speculative greedy decoding: each step drafts ``speculative.tokens`` tokens (by
+        prompt lookup from the sequence so far, or with a draft model), verifies them in one
+        forward and keeps the longest prefix greedy decoding agrees with, inside the decode
+        loop (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
         ``compile_step``.
 
     Raises
@@ -154,7 +154,8 @@ class Generator:
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
                  compile_step: bool | Literal["fast"] = False, graphed: bool = True,
-                 sampling: bool = False, speculative: PromptLookup | None = None) -> None:
+                 sampling: bool = False,
+                 speculative: PromptLookup | DraftModel | None = None) -> None:
         opts = generator_options(
             max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
             cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
@@ -163,7 +164,8 @@ class Generator:
         self.batch_buckets = opts.batch_buckets
         self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
         self.cache_buckets: tuple[int, ...] = opts.cache_buckets or ()
-        self.speculative = speculative_options(speculative, sampling, opts.compile_step)
+        self.speculative = speculative_options(speculative, sampling, opts.compile_step,
+                                               model)
         # Room past max_length for a speculative step's drafts (its cache writes), and the
         # decode buckets that hold it: a step at length L writes up to L + tokens.
         self._room = self.speculative.tokens if self.speculative is not None else 0
@@ -182,10 +184,13 @@ class Generator:
         self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
         self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
+        draft_cache = static_cache(self.speculative.model, capacity, self.batch_buckets[-1],
+                                   self.device) \
+            if isinstance(self.speculative, DraftModel) else None
         self._program = Program(model, self.state, self._cache,
                                 step_numerics(opts.compile_step),
                                 len(self.batch_buckets) * len(self._decode_buckets),
-                                self._sampler, self.speculative)
+                                self._sampler, self.speculative, draft_cache)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
