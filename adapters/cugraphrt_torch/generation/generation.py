@@ -65,7 +65,8 @@ class GeneratorStats:
     pool_reserved_bytes : int
         Device memory the graphs' pool reserves (their temporaries, shared).
     state_bytes : int
-        Device memory of the KV cache and the generator's state tensors.
+        Device memory of the KV cache (and a draft model's) and the generator's state
+        tensors.
     speculative_steps : int
         With ``speculative``: the verify forwards run so far (each drafted and checked
         ``speculative.tokens`` tokens).
@@ -286,11 +287,13 @@ class Generator:
         tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
                    self.state.finished, self.state.eos, self.state.scalars]
         tensors += _transformers.cache_tensors(self._cache)
+        speculator = self._program.speculator
+        if speculator is not None and speculator.draft is not None:  # the draft's cache
+            tensors += _transformers.cache_tensors(speculator.draft.cache)
         if self._sampler is not None:
             rows = self._sampler.settings
             tensors += [self._sampler.noise, rows.seen, rows.temperature, rows.top_k,
                         rows.top_p_cut, rows.min_p, rows.penalty, rows.noise_scale]
-        speculator = self._program.speculator
         steps, kept = speculator.counts.tolist() if speculator is not None else (0, 0)
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
