@@ -16,6 +16,7 @@ weights and generates for the same prompts. Parts:
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 
@@ -83,6 +84,10 @@ def main(argv: list[str]) -> None:
         dtype, vocab = torch.bfloat16, 32000
     _generate(dist.get_world_size(), device, dtype, vocab, graphed=not cpu)
     _ok(argv[0] if argv else "greedy")
+    # The TP model's modules and hooks hold cycles: collected now, while the group lives
+    # (collected at exit, after the group went, gloo's teardown aborted the process with
+    # torch 2.14).
+    gc.collect()
     if not cpu:
         torch.cuda.synchronize()
     dist.barrier()
