@@ -93,6 +93,12 @@ def main(argv: list[str]) -> None:
     dist.barrier()
     dist.destroy_process_group()
     print(f"OK teardown rank={int(os.environ['RANK'])}", flush=True)
+    if cpu:
+        # Nothing of cugraphrt's is left to release on the CPU; torch 2.14's gloo threads
+        # have aborted a rank in the interpreter's own teardown ("terminate called without
+        # an active exception"), after every check had passed: leave without it.
+        sys.stderr.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":
