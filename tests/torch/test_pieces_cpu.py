@@ -10,17 +10,7 @@ torch = pytest.importorskip("torch")
 
 from cugraphrt_torch.inference.pieces import PiecewiseModule  # noqa: E402
 
-
-class HostRead(torch.nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.first = torch.nn.Linear(16, 16)
-        self.second = torch.nn.Linear(16, 16)
-
-    def forward(self, x):
-        y = self.first(x).relu()
-        scale = 2.0 if float(y.sum()) > 0 else 3.0  # a host read: the program splits here
-        return self.second(y) * scale
+from ._pieces_models import HostRead  # noqa: E402
 
 
 def test_the_module_splits_at_its_host_read_and_equals_eager():

@@ -13,22 +13,9 @@ import cugraphrt_torch  # noqa: E402
 from cugraphrt import CaptureError, OptionsError  # noqa: E402
 from tests.conftest import torch_gpu_marks  # noqa: E402
 
+from ._pieces_models import HostRead  # noqa: E402
+
 pytestmark = torch_gpu_marks(torch)
-
-
-class HostRead(torch.nn.Module):
-    """Two layers around a value read on the host (as detection's post-processing reads
-    counts)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.first = torch.nn.Linear(16, 16)
-        self.second = torch.nn.Linear(16, 16)
-
-    def forward(self, x):
-        y = self.first(x).relu()
-        scale = 2.0 if float(y.sum()) > 0 else 3.0  # a host read: a graph break
-        return self.second(y) * scale
 
 
 def test_a_forward_with_a_host_read_is_graphed_in_pieces_equal_to_eager():
