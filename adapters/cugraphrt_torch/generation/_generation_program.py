@@ -143,6 +143,11 @@ class Program:
         self.speculator = Speculator(self, speculative, draft) \
             if speculative is not None else None
 
+    def cache_counters(self) -> list[torch.Tensor]:
+        """Every cache write counter a decode step moves: the model's, and a draft model's."""
+        draft = self.speculator.draft if self.speculator is not None else None
+        return self.counters + (draft.counters if draft is not None else [])
+
     def view(self, rows: int, length: int) -> Any:
         """The cache over the first ``rows`` sequences and ``length`` positions."""
         view = self.views.get((rows, length))

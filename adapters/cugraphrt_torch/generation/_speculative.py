@@ -168,7 +168,7 @@ class Speculator:
         state.next_pos[:rows].add_(take)
         state.cur.add_(take)
         # The cache keeps the entries of the fed token and the kept drafts.
-        counters = program.counters + (self.draft.counters if self.draft is not None else [])
+        counters = program.cache_counters()
         _tensors.foreach_copy(counters, [state.cur - 1] * len(counters))
         self.counts.add_(torch.stack([torch.ones_like(take), take]))
         torch.logical_and(finished.logical_not().any(), state.cur < state.max_len,

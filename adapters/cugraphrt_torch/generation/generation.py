@@ -356,14 +356,22 @@ class Generator:
             # Kernels, library handles and workspaces for the capture stream, from the
             # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
             # counters at 0) keeps the warm-up's writes inside the cache and every value it
-            # writes there finite.
+            # writes there finite. A draft model's counters too: left where the last call
+            # ended, its writes would run past the cache's end.
             self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
-            _tensors.foreach_zero(self._program.counters)
+            _tensors.foreach_zero(self._program.cache_counters())
+            speculator = self._program.speculator
+            counts = speculator.counts.clone() if speculator is not None else None
             (warm or body)()
+            if speculator is not None and counts is not None:  # not a step of any call
+                speculator.counts.copy_(counts)
 
         cuda_graph = Graph()
         # One cuBLAS workspace per stream for all of them: they never run at once.
-        session = warmed_graph(cuda_graph, self.pool, warm_up, workspace_owner=self)
+        # A model's host constants (transformers' masks make torch.tensor(0.0, device=...) in
+        # forward) are staged into pinned memory the graph keeps: the same bytes each call.
+        session = warmed_graph(cuda_graph, self.pool, warm_up, stage_host_constants=True,
+                               workspace_owner=self)
         with torch.cuda.device(self.device), session:
             body()
         captured = session.captured
