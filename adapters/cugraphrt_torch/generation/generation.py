@@ -331,7 +331,10 @@ class Generator:
                 def body() -> None:
                     while_loop(lambda: program.within(length),
                                lambda: program.decode(rows, length), max_iters=steps)
-                run = self._graphed(body, rows, None, warm=lambda: program.decode(rows, length))
+                # A compiled step holds its constants itself, and staging's function mode
+                # would make dynamo recompile it inside the capture.
+                run = self._graphed(body, rows, None, warm=lambda: program.decode(rows, length),
+                                    stage=not program.compiled)
             else:
                 def run() -> None:
                     for _ in range(steps):
@@ -342,10 +345,13 @@ class Generator:
         return run
 
     def _graphed(self, body: Callable[[], None], rows: int, prompt_bucket: int | None, *,
-                 warm: Callable[[], None] | None = None) -> Callable[[], None]:
+                 warm: Callable[[], None] | None = None, stage: bool = True
+                 ) -> Callable[[], None]:
         """``body`` captured into the generator's pool (after a warm-up on the capture
         stream from that pool, on a staged dummy prompt); eagerly as it is with
-        ``graphed=False``."""
+        ``graphed=False``. ``stage``: a model's host constants (transformers' masks make
+        ``torch.tensor(0.0, device=...)`` in forward) are staged into pinned memory the graph
+        keeps, the same bytes each call."""
         if not self.graphed:
             return body
         begin = time.perf_counter()
@@ -368,9 +374,7 @@ class Generator:
 
         cuda_graph = Graph()
         # One cuBLAS workspace per stream for all of them: they never run at once.
-        # A model's host constants (transformers' masks make torch.tensor(0.0, device=...) in
-        # forward) are staged into pinned memory the graph keeps: the same bytes each call.
-        session = warmed_graph(cuda_graph, self.pool, warm_up, stage_host_constants=True,
+        session = warmed_graph(cuda_graph, self.pool, warm_up, stage_host_constants=stage,
                                workspace_owner=self)
         with torch.cuda.device(self.device), session:
             body()
