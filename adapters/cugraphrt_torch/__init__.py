@@ -36,6 +36,7 @@ from .capture.cuda_graph import CUDAGraph, graph_pool_handle, is_current_stream_
 from .capture.dlpack import from_cupy, to_cupy
 from .compile.dynamo import CompileOptions, compile_report, format_compile_report
 from .control.control import cond, while_loop
+from .generation._speculative import DraftModel, PromptLookup
 from .generation.generation import Generator, GeneratorStats
 from .inference.bucketed import BucketedModule
 from .inference.module import GraphedModule, graph_module
@@ -43,7 +44,9 @@ from .inference.pieces import PiecewiseModule
 
 __all__ = ["__version__", "BucketedModule", "CUDAGraph", "CapturedGraph", "CompileOptions",
            "GraphedModule",
-           "Generator", "GeneratorStats", "compile_report", "cond", "format_compile_report",
+           "DraftModel", "Generator", "GeneratorStats", "PromptLookup", "compile_report",
+           "cond",
+           "format_compile_report",
            "from_cupy", "graph",
            "graph_module", "graph_pool_handle", "is_current_stream_capturing",
            "make_graphed_callables", "PiecewiseModule", "to_cupy", "while_loop"]

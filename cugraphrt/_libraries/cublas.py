@@ -180,6 +180,36 @@ def _watching_create(original):
     return create
 
 
+def _guarded_destroy(original):
+    """CuPy's ``cublas.destroy``, kept out of every capture underway.
+
+    ``cublasDestroy`` synchronizes the device (cuBLAS documents it), which invalidates every
+    capture underway in any thread, whatever its mode. CuPy destroys a thread's handle when
+    the thread ends (its thread-local storage is cleared), so a worker that finishes while
+    another still captures broke that capture (a stress run of eight threads capturing at
+    once on an H200, 2026-11-28: "capture status 2 right after cudaStreamBeginCapture").
+    The destroy waits until no capture is underway and holds new ones back meanwhile; from
+    a thread that captures itself (a garbage collection in its capture) it runs when the
+    last capture ends. CuPy's handles bind the function when they are made, so handles made
+    before cugraphrt installed this keep CuPy's own."""
+
+    @functools.wraps(original)
+    def destroy(handle):
+        if capture_activity.active_in_this_thread():
+            capture_activity.defer_or_run(lambda: _destroy_alone(original, handle))
+            return None
+        return _destroy_alone(original, handle)
+
+    destroy.__cugraphrt_original__ = original
+    return destroy
+
+
+def _destroy_alone(original, handle) -> None:
+    with capture_activity.exclusive("destroying a cuBLAS handle (cublasDestroy synchronizes "
+                                    "the device)"):
+        original(handle)
+
+
 def install(module, already_loaded: bool) -> None:
     """Replace the GEMM-family functions of CuPy's cuBLAS module (idempotent).
 
@@ -194,6 +224,8 @@ def install(module, already_loaded: bool) -> None:
     handle_wanted = handle_wanted or already_loaded
     if not hasattr(module.create, "__cugraphrt_original__"):
         module.create = _watching_create(module.create)
+    if not hasattr(module.destroy, "__cugraphrt_original__"):
+        module.destroy = _guarded_destroy(module.destroy)
     for name, (symbol, _) in _blas.GEMM_FUNCTIONS.items():
         original = getattr(module, name, None)
         if original is None or hasattr(original, "__cugraphrt_original__"):

@@ -16,6 +16,9 @@ list of samples per system.
   (:mod:`cugraphrt.bench.dist_cg`, CuPy NCCL): eager with the host reading the residual
   after every iteration, a graph of one iteration replayed by that host loop, and the whole
   solve as one launch (``cugraphrt.while_loop``, both collectives inside its body).
+* ``generate_tp``: greedy generation by a tensor-parallel transformers Llama
+  (:mod:`cugraphrt.bench.distributed_generate`): its eager ``generate`` against the
+  Generator, per token and in chunks with the all-reduces inside the device loop.
 
 Each system's step is kept as a replay handle only (``functools.partial(g.replay, ...)``,
 with ``g`` rebound per system), as user code keeps them. Both rows end by checking that the
@@ -34,6 +37,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from .distributed_generate import LAYERS, NEW, generate_tp
 from .timing import MIN_ROUNDS, MIN_WARMUP, round_order
 from .tp_decoder import Dims, build
 
@@ -48,6 +52,7 @@ _LAYERS, _WIDTH, _BATCH = 8, 256, 32
 _STEPS, _WARMUP = 50, 11  # DDP needs 11 eager steps before its capture
 _REPEATS = MIN_ROUNDS
 _CHECK_STEPS, _CHECK_REPEATS = 3, 1  # --check: the same code, one short round
+_CHECK_NEW, _CHECK_LAYERS = 8, 2  # --check: new tokens per generation, the TP model's layers
 _TP = Dims()
 _WATCHDOG_S = 120.0
 
@@ -236,8 +241,20 @@ def main(check: bool = False) -> None:
     check_capture()
     rank, world = dist.get_rank(), dist.get_world_size()
     loops = (_CHECK_STEPS, _CHECK_REPEATS) if check else (_STEPS, _REPEATS)
-    results = {"ddp": _ddp(torch, device, loops), "tp": _tp(torch, rank, world, device, loops),
-               "cg": _cg(torch, rank, world, device, loops)}
+    results: dict[str, Any] = {"ddp": _ddp(torch, device, loops),
+                               "tp": _tp(torch, rank, world, device, loops),
+                               "cg": _cg(torch, rank, world, device, loops)}
+    try:
+        results["generate_tp"] = generate_tp(torch, world, device, loops[1],
+                                             new=_CHECK_NEW if check else NEW,
+                                             layers=_CHECK_LAYERS if check else LAYERS)
+    except Exception as exc:  # the other rows stand; this one shows the error
+        if check:
+            raise
+        # Raised on every rank alike (a set-up or a check that fails the same everywhere);
+        # a rank failing alone would leave the others' collectives unpaired until the
+        # launch's deadline, which then reports every rank's stacks.
+        results["generate_tp"] = {"error": f"{type(exc).__name__}: {exc}"}
     if check:
         print(f"OK bench-child rank={rank}", flush=True)
     elif rank == 0:

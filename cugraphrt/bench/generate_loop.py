@@ -81,3 +81,10 @@ class TorchLoop:
                 replay()
             length, running = state.read()
         return state.ids[:batch, :length].clone()
+
+    def release(self) -> None:
+        """Reset every graph now. A graph that holds NCCL collectives (a tensor-parallel
+        program's) must go before its process group: NCCL waits for it otherwise."""
+        for graph in (self.prefill, *self.steps.values()):
+            graph.reset()
+        self.steps = {}

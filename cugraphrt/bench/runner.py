@@ -37,6 +37,7 @@ QUICK_BUDGET_S = 60.0
 
 
 def _workloads() -> tuple[Workload, ...]:
+    from .workloads_architectures import GENERATE_ARCHITECTURES
     from .workloads_compile import HF_DECODE, RESNET50
     from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
@@ -45,12 +46,14 @@ def _workloads() -> tuple[Workload, ...]:
     from .workloads_sampled import GENERATE_SAMPLED
     from .workloads_serving import SERVING
     from .workloads_shapes import MANY_SHAPES
+    from .workloads_speculative import SPECULATIVE
     from .workloads_torch import CAPTURE_TIME, TORCH_INFER, TORCH_TRAIN
     from .workloads_zoo import ZOO
 
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, MANY_SHAPES, CG_TOLERANCE, HF_DECODE, RESNET50,
-            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, REBIND, ZOO,
+            DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, GENERATE_ARCHITECTURES, SPECULATIVE,
+            REBIND, ZOO,
             *_distributed_workloads(), *_real_workloads())
 
 
@@ -63,9 +66,9 @@ def _real_workloads() -> tuple[Workload, ...]:
 
 
 def _distributed_workloads() -> tuple[Workload, ...]:
-    from .workloads_distributed import DDP, DIST_CG, TP_DECODE
+    from .workloads_distributed import DDP, DIST_CG, GENERATE_TP, TP_DECODE
 
-    return (DDP, TP_DECODE, DIST_CG)
+    return (DDP, TP_DECODE, DIST_CG, GENERATE_TP)
 
 
 #: Every workload, in run order.

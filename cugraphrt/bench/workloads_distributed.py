@@ -18,6 +18,12 @@ it, side by side:
   one iteration replayed by that host loop, and the whole solve as one launch with both
   collectives inside a ``cugraphrt.while_loop`` body. Target: the one launch at most 0.33x
   the host-checked eager loop.
+* ``generate_tp``: greedy generation by a tensor-parallel transformers Llama (12 layers of
+  1024, bf16; :mod:`cugraphrt.bench.distributed_generate`): its eager TP ``generate``, the
+  Generator's program in torch's graphs replayed by a hand loop (a host read per token, and
+  per 32 steps), and the Generator. Targets: at least 3x transformers' TP eager generate,
+  1.3x the per-token loop, within 1.10x of the loop of 32 back-to-back steps; eager's
+  tokens.
 
 The launch runs under a deadline (:mod:`cugraphrt.bench.torchrun`): a hang becomes a failed
 cell, with every rank's Python stacks on stderr. n/a with fewer than 2 GPUs or without
@@ -33,15 +39,24 @@ from collections.abc import Mapping
 
 from . import torchrun as launcher
 from .distributed_child import CG_N, CG_SYSTEMS, CG_TOL, DDP_SYSTEMS, TP_SYSTEMS
+from .distributed_generate import (
+    BATCHES,
+    GENERATE_TP_SYSTEMS,
+    NEW,
+    OWN,
+    per_token_metric,
+    same_metric,
+)
 from .spec import Context, RowBuilder, Target, Workload
-from .timing import summarize
+from .timing import single, summarize
 
-__all__ = ["DDP", "TP_DECODE", "DIST_CG", "WORLD", "DEADLINE_S", "gpu_count", "world_size"]
+__all__ = ["DDP", "TP_DECODE", "DIST_CG", "GENERATE_TP", "WORLD", "DEADLINE_S", "gpu_count",
+           "world_size"]
 
 #: The fewest ranks a distributed row runs on.
 WORLD = 2
 #: Seconds the launch may take before its ranks dump their stacks and it fails.
-DEADLINE_S = 420.0
+DEADLINE_S = 540.0
 SYSTEMS = DDP_SYSTEMS  # the ddp row's columns (kept for callers of the first version)
 _results: dict[str, object] = {}  # one launch fills both rows of a run (one Context)
 
@@ -96,7 +111,9 @@ def _measured(ctx: Context) -> dict:
 
 
 def _row(ctx: Context, metric: str, systems: tuple[str, ...], reference: str, subject: str,
-         key: str, unit: str = "us") -> None:
+         key: str, unit: str = "us", results_metric: str | None = None) -> None:
+    """One row from the launch's results ``[key]`` (``[key][results_metric]`` for a workload
+    of several rows); ``unit`` "tokens": one value per system, not timings."""
     row = RowBuilder(metric, unit, systems, reference, subject)
     gpus = gpu_count()
     if ctx.quick and not ctx.selected:
@@ -105,12 +122,21 @@ def _row(ctx: Context, metric: str, systems: tuple[str, ...], reference: str, su
         row.unavailable_all(f"needs {WORLD} GPUs and a CUDA build of torch (got {gpus} GPU(s))")
     else:
         if _results.get("ctx") is not ctx:
-            ctx.step(f"torchrun, {world_size(gpus)} ranks: ddp, tp_decode and dist_cg")
+            ctx.step(f"torchrun, {world_size(gpus)} ranks: ddp, tp_decode, dist_cg and "
+                     f"generate_tp")
         results = row.setup(subject, lambda: _measured(ctx))
-        if results is not None:
-            scale = 1e6 if unit == "us" else 1e3
+        failed = results is not None and "error" in results.get(key, {})
+        if failed:
+            row.fail(subject, RuntimeError(f"{key} failed on the ranks: "
+                                           f"{results[key]['error']}"))
+        elif results is not None:
+            samples = results[key] if results_metric is None else results[key][results_metric]
             for system in systems:
-                row.set(system, summarize(results[key][system]).scaled(scale))
+                if unit == "tokens":
+                    row.set(system, single(samples[system][0]))
+                else:
+                    scale = 1e6 if unit == "us" else 1e3
+                    row.set(system, summarize(samples[system]).scaled(scale))
         else:
             row.unavailable_all("torchrun failed (see the error cell)")
     ctx.emit(row.build())
@@ -126,6 +152,14 @@ def _run_tp(ctx: Context) -> None:
 
 def _run_cg(ctx: Context) -> None:
     _row(ctx, "solve", CG_SYSTEMS, "eager_check_1", "while_loop", "cg", unit="ms")
+
+
+def _run_generate_tp(ctx: Context) -> None:
+    for batch in BATCHES:
+        _row(ctx, per_token_metric(batch), GENERATE_TP_SYSTEMS, "hf_eager", "cugraphrt",
+             "generate_tp", results_metric=per_token_metric(batch))
+        _row(ctx, same_metric(batch), GENERATE_TP_SYSTEMS, "hf_eager", "cugraphrt",
+             "generate_tp", unit="tokens", results_metric=same_metric(batch))
 
 
 DDP = Workload(
@@ -151,3 +185,19 @@ DIST_CG = Workload(
     f"collectives inside the body)", CG_SYSTEMS, "eager_check_1",
     (Target("while_loop", "eager_check_1", 0.33, metric="solve"),), _run_cg,
     own=("replay_check_1", "while_loop"))
+
+# Issue 56's targets. The per-token and chunk references are torch's graphs of the
+# Generator's program replayed by a hand loop, not cugraphrt's own graphs (issue 51).
+GENERATE_TP = Workload(
+    "generate_tp", f"greedy generation of {NEW} tokens by a tensor-parallel transformers "
+    "Llama (12 layers, hidden 1024, bf16, random weights; an all-reduce after attention and "
+    "after the MLP of each layer), one way per GPU, batch 1 and 8: transformers' TP eager "
+    "generate vs torch graphs of the Generator's program in hand loops vs "
+    "cugraphrt_torch.Generator", GENERATE_TP_SYSTEMS, "hf_eager",
+    (*(Target("cugraphrt", "hf_eager", 1 / 3, metric=per_token_metric(b)) for b in BATCHES),
+     *(Target("cugraphrt", "torch_per_token", 1 / 1.3, metric=per_token_metric(b))
+       for b in BATCHES),
+     *(Target("cugraphrt", "torch_loop", 1.10, metric=per_token_metric(b)) for b in BATCHES),
+     *(Target("cugraphrt", "hf_eager", 1.0, "at_least", metric=same_metric(b))
+       for b in BATCHES)),
+    _run_generate_tp, own=OWN)

@@ -28,7 +28,9 @@ Every system is timed in the same rounds, shuffled per round (at least 9 timed r
 an untimed one). A round times, per system, a one-token generation (``time to first
 token``) and then a whole one; ``per token`` is the whole one less the first token, over the
 255 tokens after it. Rows: per token, time to first token, the generator's memory (pool
-reserved + cache and state), and the leading tokens equal to ``hf_eager``'s (the fewest of
+reserved + cache and state; beside it, what hf_static's batch-8 set-up took from the device:
+its static cache and compiled graphs, read by ``cudaMemGetInfo`` after emptying every cache
+before it), and the leading tokens equal to ``hf_eager``'s (the fewest of
 the batch's rows, from each system's last generation). Skipped in ``--quick``.
 """
 
@@ -44,7 +46,8 @@ from .real_models import LLAMA_LAYERS, missing_package
 from .spec import Context, RowBuilder, Target, Workload
 from .timing import interleave, single, summarize
 
-__all__ = ["GENERATE", "Timed", "hf_static_compiled", "llama", "set_up", "skipped"]
+__all__ = ["GENERATE", "Timed", "equal_new_tokens", "generate_calls", "hf_static_compiled",
+           "llama", "set_up", "skipped"]
 
 SYSTEMS = ("hf_eager", "hf_static", "per_token", "cugraphrt", "cugraphrt_compiled",
            "cugraphrt_fast", "torch_loop_eager", "torch_loop", "compiled_device")
@@ -93,15 +96,29 @@ def _wall(torch, call: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - begin, result
 
 
-def _hf(model, prompt, *, new: int, static: bool):
-    kwargs = {"cache_implementation": "static"} if static else {}
-    return lambda: model.generate(prompt, attention_mask=prompt.new_ones(prompt.shape),
-                                  max_new_tokens=new, do_sample=False,
-                                  pad_token_id=0, **kwargs)
+def generate_calls(model, prompt, generators: dict[str, Any], new: int = NEW,
+                   hf: dict[str, Any] | None = None, ours: dict[str, Any] | None = None
+                   ) -> dict[str, tuple[Callable[[], Any], Callable[[], Any]]]:
+    """Each system's (whole, one-token) generation of ``prompt``: transformers' eager and
+    static-cache ``generate`` (with ``hf``, greedy by default) and every generator that was
+    built (with ``ours``), none stopping at an EOS."""
+    hf = dict(do_sample=False) if hf is None else hf
+    ours = ours or {}
 
+    def transformers(count: int, static: bool) -> Callable[[], Any]:
+        kwargs = {"cache_implementation": "static"} if static else {}
+        return lambda: model.generate(prompt, attention_mask=prompt.new_ones(prompt.shape),
+                                      max_new_tokens=count, pad_token_id=0, **hf, **kwargs)
 
-def _ours(generator, prompt, *, new: int):
-    return lambda: generator.generate(prompt, max_new_tokens=new, eos_token_id=[])
+    def generator(built, count: int) -> Callable[[], Any]:
+        return lambda: built.generate(prompt, max_new_tokens=count, eos_token_id=[], **ours)
+
+    calls = {"hf_eager": (transformers(new, False), transformers(1, False)),
+             "hf_static": (transformers(new, True), transformers(1, True))}
+    for name, built in generators.items():
+        if built is not None:
+            calls[name] = (generator(built, new), generator(built, 1))
+    return calls
 
 
 def _device_per_step(torch, generator, prompt, new: int) -> float:
@@ -124,9 +141,9 @@ def _device_per_step(torch, generator, prompt, new: int) -> float:
     return seconds / (new - 1)
 
 
-def _equal_steps(tokens, reference) -> float:
+def equal_new_tokens(tokens, reference, prompt: int = PROMPT) -> float:
     """Leading new tokens equal to ``reference``'s, the fewest over the rows."""
-    same = (tokens[:, PROMPT:] == reference[:, PROMPT:]).int().cumprod(1).sum(1)
+    same = (tokens[:, prompt:] == reference[:, prompt:]).int().cumprod(1).sum(1)
     return float(same.min())
 
 
@@ -137,8 +154,9 @@ class Timed:
     ``NEW - 1``); keeps each round's time to first token and the last generation's tokens.
     """
 
-    def __init__(self, torch, whole: Callable[[], Any], one: Callable[[], Any]) -> None:
-        self.torch, self.whole, self.one = torch, whole, one
+    def __init__(self, torch, whole: Callable[[], Any], one: Callable[[], Any],
+                 new: int = NEW) -> None:
+        self.torch, self.whole, self.one, self.new = torch, whole, one, new
         self.firsts: list[float] = []
         self.tokens: Any = None
 
@@ -146,7 +164,7 @@ class Timed:
         first, _ = _wall(self.torch, self.one)
         total, self.tokens = _wall(self.torch, self.whole)
         self.firsts.append(first)
-        return (total - first) / (NEW - 1)
+        return (total - first) / (self.new - 1)
 
 
 def hf_static_compiled(model) -> Callable[..., Any]:
@@ -198,16 +216,13 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
     prompt = torch.randint(1, 32000, (batch, PROMPT), device="cuda",
                            generator=torch.Generator("cuda").manual_seed(batch))
     per_token, first, same = rows[_per_token(batch)], rows[_first(batch)], rows[_same(batch)]
-    calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
-        "hf_eager": (_hf(model, prompt, new=NEW, static=False),
-                     _hf(model, prompt, new=1, static=False)),
-        "hf_static": (_hf(model, prompt, new=NEW, static=True),
-                      _hf(model, prompt, new=1, static=True))}
-    for name in OURS:
-        if generators[name] is not None:
-            calls[name] = (_ours(generators[name], prompt, new=NEW),
-                           _ours(generators[name], prompt, new=1))
-    timed = set_up(ctx, torch, model, batch, calls, per_token)
+    calls = generate_calls(model, prompt, generators)
+    # transformers' static cache and compiled graphs, beside the generators' pool and state.
+    memory: dict[str, float] | None = {"hf_static": 0.0} if MEMORY.endswith(f"batch {batch}") \
+        else None
+    timed = set_up(ctx, torch, model, batch, calls, per_token, memory=memory)
+    if memory is not None and "hf_static" in timed:
+        rows[MEMORY].set("hf_static", single(memory["hf_static"]))
     for loop, owner in LOOPS.items():
         if generators[owner] is None or owner not in timed:
             per_token.unavailable(loop, f"needs the {owner} generator")
@@ -226,7 +241,7 @@ def _batch(ctx: Context, torch, model, generators: dict, batch: int,
         per_token.set(name, summarize(values).scaled(US))
         first.set(name, summarize(system.firsts[-len(values):]).scaled(MS))
         if reference is not None:
-            same.set(name, single(_equal_steps(system.tokens, reference)))
+            same.set(name, single(equal_new_tokens(system.tokens, reference)))
     _check_loops(per_token, timed, samples)
     compiled = generators["cugraphrt_compiled"]
     if compiled is not None:
@@ -252,20 +267,37 @@ def skipped(ctx: Context, rows, only: str) -> bool:
 
 def set_up(ctx: Context, torch, model, batch: int,
            calls: dict[str, tuple[Callable[[], Any], Callable[[], Any]]],
-           per_token: RowBuilder) -> dict[str, Timed]:
+           per_token: RowBuilder, new: int = NEW,
+           memory: dict[str, float] | None = None) -> dict[str, Timed]:
     """The systems of one batch size, each after its untimed first calls (compilation for
     hf_static, which must have compiled; captures for the generators); a system whose set-up
-    fails gets an error cell instead."""
+    fails gets an error cell instead. For each system named in ``memory``, the device memory
+    its set-up took, in MiB, as a server reads it (``cudaMemGetInfo`` after every cache was
+    emptied, against the same after the set-up, nothing emptied) replaces the value."""
     timed: dict[str, Timed] = {}
     for name, (whole, one) in calls.items():
         ctx.step(f"batch {batch}: set up {name}")
+        free = _emptied_free(torch) if memory is not None and name in memory else None
         if per_token.setup(name, lambda whole=whole, one=one: (whole(), one())) is None:
             continue
+        if free is not None and memory is not None:
+            torch.cuda.synchronize()
+            memory[name] = (free - torch.cuda.mem_get_info()[0]) / MIB
         if name == "hf_static" and per_token.setup(
                 name, lambda: hf_static_compiled(model)) is None:
             continue
-        timed[name] = Timed(torch, whole, one)
+        timed[name] = Timed(torch, whole, one, new)
     return timed
+
+
+def _emptied_free(torch) -> int:
+    """Free device memory after a garbage collection and with torch's cache emptied."""
+    import gc
+
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return int(torch.cuda.mem_get_info()[0])
 
 
 def _check_loops(per_token: RowBuilder, timed: dict[str, Timed], samples: dict) -> None:

@@ -35,6 +35,7 @@ from .workloads_generate import (
     PROMPT,
     ROUNDS,
     US,
+    generate_calls,
     llama,
     set_up,
     skipped,
@@ -53,17 +54,6 @@ def _per_token(batch: int) -> str:
 
 def _same(batch: int) -> str:
     return f"same as graphed=False, batch {batch}"
-
-
-def _hf(model, prompt, *, new: int, static: bool):
-    kwargs = {"cache_implementation": "static"} if static else {}
-    return lambda: model.generate(prompt, attention_mask=prompt.new_ones(prompt.shape),
-                                  max_new_tokens=new, pad_token_id=0, **SETTINGS, **kwargs)
-
-
-def _ours(generator, prompt, seeds: list[int], *, new: int):
-    return lambda: generator.generate(prompt, max_new_tokens=new, eos_token_id=[],
-                                      seed=seeds, **SETTINGS)
 
 
 def run_generate_sampled(ctx: Context) -> None:
@@ -95,17 +85,12 @@ def _batch(ctx: Context, torch, model, generators: dict, graphless: Any, batch: 
                            generator=torch.Generator("cuda").manual_seed(batch))
     seeds = [1000 + r for r in range(batch)]
     per_token, same = rows[_per_token(batch)], rows[_same(batch)]
-    calls = {"hf_eager": (_hf(model, prompt, new=NEW, static=False),
-                          _hf(model, prompt, new=1, static=False)),
-             "hf_static": (_hf(model, prompt, new=NEW, static=True),
-                           _hf(model, prompt, new=1, static=True))}
-    for name in OURS:
-        if generators[name] is not None:
-            calls[name] = (_ours(generators[name], prompt, seeds, new=NEW),
-                           _ours(generators[name], prompt, seeds, new=1))
+    calls = generate_calls(model, prompt, generators, hf=SETTINGS,
+                           ours=dict(seed=seeds, **SETTINGS))
     timed = set_up(ctx, torch, model, batch, calls, per_token)
     ctx.step(f"batch {batch}: graphed=False reference")
-    reference = _ours(graphless, prompt, seeds, new=NEW)()
+    reference = graphless.generate(prompt, max_new_tokens=NEW, eos_token_id=[], seed=seeds,
+                                   **SETTINGS)
     ctx.step(f"batch {batch}: {ROUNDS} rounds")
     samples = interleave(timed, ROUNDS, warmup=1, on_error=per_token.fail)
     for name, values in samples.items():

@@ -140,3 +140,18 @@ def test_the_distributed_cg_example_runs(nproc):
         pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
     out = torchrun(str(ROOT / "examples" / "distributed_cg.py"), nproc=nproc)
     assert f"{nproc} ranks: " in out and "equal to the per-iteration replays" in out
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_a_tensor_parallel_model_generates_its_eager_tokens(nproc):
+    """Issue 56: a transformers Llama split over the ranks, generating with the Generator
+    (prefill graphs, decode chunks with the all-reduces inside the device loop): the tokens
+    of the same TP model's eager generate, the same on every rank, EOS mid-batch."""
+    out = torchrun("generation.py", "greedy", nproc=nproc)
+    assert passed(out, "greedy", nproc) and passed(out, "teardown", nproc)
+
+
+@pytest.mark.parametrize("nproc", _ranks())
+def test_the_tensor_parallel_generation_example_runs(nproc):
+    out = torchrun(str(ROOT / "examples" / "generate_tp.py"), nproc=nproc)
+    assert "64 tokens for 2 prompts equal to eager tensor parallelism" in out

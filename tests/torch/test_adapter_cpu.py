@@ -33,7 +33,7 @@ def test_public_names():
                                             "CUDAGraph", "graph_pool_handle",
                                             "is_current_stream_capturing", "Generator",
                                             "GeneratorStats", "CapturedGraph",
-                                            "PiecewiseModule"}
+                                            "PiecewiseModule", "PromptLookup", "DraftModel"}
     for name in cugraphrt_torch.__all__:
         assert getattr(cugraphrt_torch, name).__doc__
 

@@ -23,7 +23,7 @@ _LONG = pytest.mark.long
 
 @pytest.mark.parametrize("name", ["torch_inference.py", "migrate_by_name.py",
                                   "stale_outputs.py", "generate_hf.py",
-                                  "generate_sampling.py",
+                                  "generate_sampling.py", "generate_speculative.py",
                                   pytest.param("train_partial_capture.py", marks=_LONG),
                                   pytest.param("train_whole_step.py", marks=_LONG),
                                   pytest.param("serving_buckets.py", marks=_LONG),

@@ -226,3 +226,63 @@ def test_mixture_of_experts_models_equal_transformers_generate(arch):
     expected = _reference(model, ids, mask, max_new_tokens=24)
     assert torch.equal(generator.generate(ids, mask, max_new_tokens=24, pad_token_id=0),
                        expected)
+
+
+# -- sliding-window layers -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral", "gemma2", "mixtral",
+                                  "gpt_oss"])
+def test_bench_architectures_equal_transformers_generate(arch):
+    """The architectures of the generate_architectures bench. For those with sliding windows,
+    a window of 8 tokens, prompts of up to 19 and 30 new tokens: every sequence crosses the
+    window's edge, in the prefill and in chunks of 5 decode steps, against generate with
+    transformers' own (evicting) sliding-window cache."""
+    pytest.importorskip("transformers")
+    from cugraphrt.bench.generate_models import causal_lm
+
+    model = causal_lm(arch, window=8)
+    generator = Generator(model, max_length=64, graphed=False, chunk=5, batch_buckets=(1, 4),
+                          prompt_buckets=(8, 20), cache_buckets=(16, 24, 40, 64))
+    for lengths in ([19], [5, 12, 9]):
+        ids, mask = _prompts(lengths, seed=3)
+        expected = _reference(model, ids, mask, max_new_tokens=30)
+        got = generator.generate(ids, mask, max_new_tokens=30, pad_token_id=0)
+        assert torch.equal(got, expected), (arch, lengths)
+
+
+def test_an_unknown_architecture_is_refused():
+    from cugraphrt.bench.generate_models import causal_lm
+
+    with pytest.raises(ValueError, match="unknown architecture 'bert'"):
+        causal_lm("bert")
+
+
+def test_a_model_with_chunked_attention_is_refused_by_kind():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Llama4TextConfig(
+        num_hidden_layers=4, hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=512, intermediate_size=64, intermediate_size_mlp=64, head_dim=16)
+    model = transformers.Llama4ForCausalLM(config).eval()
+    with pytest.raises(OptionsError, match="chunked_attention") as info:
+        Generator(model, max_length=64, graphed=False)
+    assert info.value.field == "model"
+
+
+def test_the_benches_calls_generate_the_same_tokens():
+    """cugraphrt.bench's generate_calls (every generate workload's systems): transformers'
+    eager generate and a generator's, whole and one-token, none stopping at an EOS."""
+    pytest.importorskip("transformers")
+    from cugraphrt.bench.generate_models import causal_lm
+    from cugraphrt.bench.workloads_generate import generate_calls
+
+    model = causal_lm("llama")
+    generator = Generator(model, max_length=32, graphed=False, batch_buckets=(2,),
+                          prompt_buckets=(8,), cache_buckets=(32,))
+    prompt = torch.randint(1, 512, (2, 6), generator=torch.Generator().manual_seed(5))
+    calls = generate_calls(model, prompt, {"cugraphrt": generator, "unbuilt": None}, new=12)
+    assert set(calls) == {"hf_eager", "hf_static", "cugraphrt"}
+    with torch.no_grad():
+        whole, one = (call() for call in calls["hf_eager"])
+        ours_whole, ours_one = (call() for call in calls["cugraphrt"])
+    assert whole.shape == (2, 18) and one.shape == (2, 7)
+    assert torch.equal(ours_whole, whole) and torch.equal(ours_one, one)

@@ -1,6 +1,7 @@
 """cugraphrt_torch.Generator on the GPU: tokens equal to Hugging Face's eager greedy generate.
 
-Two architectures from configs with random weights (Llama; Qwen2 with grouped KV heads),
+Architectures from configs with random weights (Llama; Qwen2 with grouped KV heads; the
+sliding-window ones of :mod:`cugraphrt.bench.generate_models`),
 prompts of mixed lengths left-padded as ``generate`` expects, batch sizes 1 to 8 (3 runs in
 bucket 4), EOS in the middle of a batch, the per-chunk callback, the graphed program against
 the same program run eagerly, and the step compiled with eager's numerics.
@@ -228,3 +229,84 @@ def test_mixture_of_experts_models_keep_generates_tokens(arch):
     got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(got, expected)
     assert model.get_experts_implementation() == own
+
+
+@pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("compile_step", [False, True], ids=["eager-step", "compiled-step"])
+def test_sliding_window_models_keep_generates_tokens(arch, compile_step):
+    """Sliding-window layers (every layer, alternating, five of six) with a window of 16:
+    prompts of up to 17 tokens and 40 new ones cross its edge inside the prefill and inside
+    decode chunks of 32 steps, one launch each, against generate's evicting window cache."""
+    from cugraphrt.bench.generate_models import causal_lm
+
+    model = causal_lm(arch, layers=6 if arch == "gemma3" else 2, hidden=256, vocab=32000,
+                      window=16).to("cuda", torch.bfloat16)
+    generator = Generator(model, max_length=128, batch_buckets=(4,),
+                          compile_step=compile_step)
+    ids, mask = _prompts([5, 9, 17], seed=8)
+    expected = _reference(model, ids, mask, max_new_tokens=40)
+    got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
+    assert torch.equal(got, expected)
+    assert generator.stats().decode_graphs  # graphed, not run eagerly
+
+
+@pytest.mark.parametrize("model_kind", ["cycling", "random"])
+def test_speculative_decoding_keeps_greedys_tokens_in_few_launches(model_kind):
+    """Issue 55: prompt lookup, verification and acceptance inside the decode loop (graphed),
+    in float32 (a verify forward of 5 positions rounds as one of 1 there), against eager
+    generate. The cycling model keeps most drafts: far fewer verify steps than tokens."""
+    from cugraphrt_torch import PromptLookup
+
+    from cugraphrt.bench.generate_models import causal_lm
+
+    from ._generation_models import VOCAB, cycling_model
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        if model_kind == "cycling":
+            model, _ = cycling_model(torch, "cuda")
+            vocab = VOCAB
+        else:
+            model, vocab = causal_lm("llama", hidden=256, vocab=32000).to("cuda"), 32000
+            model.generation_config.eos_token_id = None
+        generator = Generator(model, max_length=128, batch_buckets=(4,),
+                              speculative=PromptLookup(tokens=4))
+        ids, mask = prompts(torch, [5, 9, 17], vocab, 8, device="cuda")
+        expected = _reference(model, ids, mask, max_new_tokens=60)
+        got = generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0)
+        assert torch.equal(got, expected)
+        stats = generator.stats()
+        assert stats.decode_graphs and stats.speculative_tokens == 59
+        if model_kind == "cycling":
+            assert stats.speculative_steps <= 25, stats
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_a_draft_model_keeps_greedys_tokens():
+    """Issue 55: a draft model (the target's first layer and head) drafting inside the same
+    graphs, float32, against eager generate."""
+    import copy
+
+    from cugraphrt_torch import DraftModel
+
+    from cugraphrt.bench.generate_models import causal_lm
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model = causal_lm("llama", layers=3, hidden=256, vocab=32000).to("cuda")
+        model.generation_config.eos_token_id = None
+        draft = copy.deepcopy(model)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        generator = Generator(model, max_length=128, batch_buckets=(4,),
+                              speculative=DraftModel(draft, tokens=3))
+        ids, mask = prompts(torch, [5, 9, 17], 32000, 8, device="cuda")
+        expected = _reference(model, ids, mask, max_new_tokens=60)
+        assert torch.equal(generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0),
+                           expected)
+        assert generator.stats().speculative_tokens == 59
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

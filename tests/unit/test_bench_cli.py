@@ -134,9 +134,9 @@ def test_every_issue_workload_is_registered_in_order():
                      "pool_sharing", "capture_time", "pool_alloc", "serving", "many_shapes",
                      "cg_tolerance",
                      "hf_decode", "resnet50", "decode_until_eos", "generate", "generate_sampled",
-                     "rebind", "zoo", "ddp",
+                     "generate_architectures", "speculative", "rebind", "zoo", "ddp",
                      "tp_decode",
-                     "dist_cg",
+                     "dist_cg", "generate_tp",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]
     for workload in runner.WORKLOADS:
         for target in workload.targets:
@@ -718,3 +718,15 @@ def test_the_targets_headline_counts_clear_verdicts_apart_from_those_inside_the_
     assert lines[0] == "targets: 3 PASS, 1 PASS~, 1 MISS~, 1 MISS, 1 N/A"
     assert "= 1.000x [0.900, 1.100] (target <= 1.00x)" in lines[1]
     assert "= 1.000x [one measurement] (target <= 1.00x)" in lines[6]
+
+
+def test_generate_architectures_picks_known_architectures_only():
+    from cugraphrt.bench import workloads_architectures as arch
+
+    assert arch.archs(None) == arch.archs("") == arch.DEFAULT_ARCHS
+    assert arch.archs(" gemma3, gpt_oss ") == ("gemma3", "gpt_oss")
+    with pytest.raises(ValueError, match="unknown architectures \\['llama4'\\]"):
+        arch.archs("llama,llama4")
+    # Five architectures, two of them with sliding windows and one a mixture of experts.
+    assert len(arch.DEFAULT_ARCHS) == 5
+    assert {"gemma3", "mistral"} <= set(arch.DEFAULT_ARCHS) and "mixtral" in arch.DEFAULT_ARCHS

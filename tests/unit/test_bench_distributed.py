@@ -12,9 +12,11 @@ from cugraphrt.bench.timing import Summary
 
 def test_the_flag_selects_the_distributed_workloads():
     args = runner.parse_args(["--distributed"])
-    assert args.distributed and runner.selected_names(args) == {"ddp", "tp_decode", "dist_cg"}
+    assert args.distributed and runner.selected_names(args) == {"ddp", "tp_decode", "dist_cg",
+                                                                "generate_tp"}
     both = runner.parse_args(["--distributed", "--only", "replay"])
-    assert runner.selected_names(both) == {"ddp", "tp_decode", "dist_cg", "replay"}
+    assert runner.selected_names(both) == {"ddp", "tp_decode", "dist_cg", "generate_tp",
+                                           "replay"}
     assert not runner.parse_args([]).distributed
     assert "ddp" in [w.name for w in runner.WORKLOADS]
 
@@ -136,7 +138,7 @@ def test_the_launch_reads_the_result_and_reports_a_hang(monkeypatch, capsys):
     hung = launcher.Launch(["torchrun"], 1, "", "", 460.0, timed_out=True,
                            stacks={"rank1": "Timeout (0:07:00)!\n  File x.py"})
     monkeypatch.setattr(launcher, "torchrun", lambda *a, **k: hung)
-    with pytest.raises(RuntimeError, match="torchrun hung: a rank reached the 420 s deadline"):
+    with pytest.raises(RuntimeError, match="torchrun hung: a rank reached the 540 s deadline"):
         workloads_distributed._launch()
     assert "--- rank1: Python stacks ---" in capsys.readouterr().err
 
@@ -172,3 +174,54 @@ def test_the_distributed_cg_row_and_its_target(monkeypatch):
     (target,) = report.targets
     assert target.reference == "eager_check_1" and target.status == "PASS"
     assert target.ratio == pytest.approx(1.7 / 12, rel=0.05)
+
+
+def _generate_tp_rows(monkeypatch, generate_tp):
+    monkeypatch.setattr(workloads_distributed, "gpu_count", lambda: 2)
+    canned = {"ddp": {"ddp_eager": [3e-4], "cugraphrt_step": [1e-4]}, "tp": TP, "cg": CG,
+              "generate_tp": generate_tp}
+    monkeypatch.setattr(workloads_distributed, "_launch", lambda: canned)
+    ctx = Context(quick=False, selected=True)
+    workloads_distributed.DDP.run(ctx)
+    workloads_distributed.GENERATE_TP.run(ctx)
+    return ctx.rows
+
+
+def test_generate_tp_rows_read_their_metrics_and_targets(monkeypatch):
+    from cugraphrt.bench.distributed_generate import (
+        BATCHES,
+        GENERATE_TP_SYSTEMS,
+        NEW,
+        per_token_metric,
+        same_metric,
+    )
+
+    times = {"hf_eager": 30e-3, "torch_per_token": 4e-3, "torch_loop": 2.1e-3,
+             "per_token": 4e-3, "cugraphrt": 2.2e-3, "cugraphrt_watched": 2.2e-3}
+    canned = {}
+    for batch in BATCHES:
+        canned[per_token_metric(batch)] = {s: [times[s], times[s] * 1.01]
+                                           for s in GENERATE_TP_SYSTEMS}
+        canned[same_metric(batch)] = {s: [float(NEW)] for s in GENERATE_TP_SYSTEMS}
+    ddp, *rows = _generate_tp_rows(monkeypatch, canned)
+    assert [r.metric for r in rows] == [m(b) for b in BATCHES
+                                        for m in (per_token_metric, same_metric)]
+    per_token, same = rows[0], rows[1]
+    assert per_token.cells["cugraphrt"].median == pytest.approx(2.2e-3 * 1.005 * 1e6)
+    assert same.unit == "tokens" and same.cells["cugraphrt"].median == NEW
+    report = runner.build_report([(workloads_distributed.GENERATE_TP, rows, None)],
+                                 [workloads_distributed.GENERATE_TP], created="now",
+                                 device="test", versions={}, quick=False, elapsed_s=1.0)
+    by_reference = {(t.reference, t.metric): t.status for t in report.targets}
+    assert by_reference[("hf_eager", per_token_metric(1))] == "PASS"      # 0.073x <= 0.33x
+    assert by_reference[("torch_per_token", per_token_metric(1))] == "PASS"  # 0.55x <= 0.77x
+    assert by_reference[("torch_loop", per_token_metric(1))] == "PASS"   # 1.048x <= 1.10x
+    assert by_reference[("hf_eager", same_metric(8))] == "PASS"
+
+
+def test_a_failed_generate_tp_leaves_the_other_rows_standing(monkeypatch):
+    ddp, *rows = _generate_tp_rows(monkeypatch, {"error": "RuntimeError: boom"})
+    assert isinstance(ddp.cells["cugraphrt_step"], Summary)
+    assert rows and all(isinstance(r.cells["cugraphrt"], Failed) for r in rows)
+    assert "generate_tp failed on the ranks: RuntimeError: boom" in \
+        rows[0].cells["cugraphrt"].message

@@ -40,3 +40,48 @@ def test_many_short_threads_share_one_handle(monkeypatch):
     monkeypatch.setattr(_cublas, "_idle", {5: [0x1]})
     seen = {in_thread(lambda: _cublas.ensure_capture_handle(5)) for _ in range(50)}
     assert seen == {0x1}
+
+
+def _fake_cublas(destroyed: list):
+    import types
+
+    module = types.SimpleNamespace(create=lambda: 0x1, destroy=destroyed.append)
+    _cublas.install(module, already_loaded=False)
+    return module
+
+
+def test_a_handle_destroyed_in_another_thread_waits_for_the_captures_underway():
+    # cublasDestroy synchronizes the device: CuPy calls it when a thread ends, and it must
+    # not land in another thread's capture.
+    from cugraphrt._memory.backing import capture_activity
+
+    destroyed: list = []
+    module = _fake_cublas(destroyed)
+    capture_activity.enter()  # a capture underway in this thread
+    try:
+        worker = threading.Thread(target=module.destroy, args=(0xD1,))
+        worker.start()
+        worker.join(0.3)
+        assert worker.is_alive() and destroyed == [], "destroyed during a capture"
+    finally:
+        capture_activity.exit()
+    worker.join(5)
+    assert not worker.is_alive() and destroyed == [0xD1]
+
+
+def test_a_handle_destroyed_inside_a_capture_is_destroyed_after_it():
+    from cugraphrt._memory.backing import capture_activity
+
+    destroyed: list = []
+    module = _fake_cublas(destroyed)
+    capture_activity.enter()
+    try:
+        module.destroy(0xD2)  # a garbage collection inside this thread's capture
+        assert destroyed == []
+    finally:
+        capture_activity.exit()
+    assert destroyed == [0xD2]
+    module.destroy(0xD3)  # no capture underway: at once
+    assert destroyed == [0xD2, 0xD3]
+    _cublas.install(module, already_loaded=False)  # idempotent: wrapped once
+    assert module.destroy.__cugraphrt_original__ == destroyed.append

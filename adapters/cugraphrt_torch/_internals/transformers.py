@@ -15,7 +15,8 @@ import copy
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["static_cache", "sliding_layers", "has_write_counters", "write_counters",
+__all__ = ["static_cache", "layer_kinds", "uncached_kinds", "sliding_layers",
+           "has_write_counters", "write_counters",
            "cache_tensors", "cache_view", "view_length", "graph_safe_experts"]
 
 #: Experts implementations whose forward never reads routing on the host (transformers 5.17:
@@ -23,12 +24,48 @@ __all__ = ["static_cache", "sliding_layers", "has_write_counters", "write_counte
 GRAPH_SAFE_EXPERTS = ("batched_mm",)
 
 
-def static_cache(config: Any, length: int) -> Any:
-    """``transformers.StaticCache(config=config, max_cache_len=length)``; its tensors are
-    allocated by the first forward that uses it."""
-    from transformers import StaticCache
+#: Layer kinds (``config.layer_types``) a full-length ``StaticLayer`` caches exactly: full
+#: attention, and sliding-window attention, whose window the model's own mask applies.
+CACHED_AT_FULL_LENGTH = ("full_attention", "sliding_attention")
 
-    return StaticCache(config=config, max_cache_len=length)
+
+def static_cache(config: Any, length: int) -> Any:
+    """``transformers.StaticCache(config=config, max_cache_len=length)`` with every layer a
+    ``StaticLayer`` of ``length`` positions, sliding-window layers included; its tensors are
+    allocated by the first forward that uses it.
+
+    transformers' ``StaticSlidingWindowLayer`` keeps its fill level in a Python int and
+    branches on it (append, then roll once full): a graph would bake in the branch of the
+    step it captured. A full-length layer writes at its device counter like any other, and
+    the model's sliding-window mask (built from ``config.sliding_window`` over the cache
+    positions, the same mask function as for transformers' own caches) keeps each query to
+    its window: the keys outside it are masked, not evicted. Tested on transformers 5.17
+    (``cache_utils.StaticLayer``, ``cache_utils.get_layer_types_and_kwargs``); layers of
+    other kinds (:func:`uncached_kinds`) keep transformers' own.
+    """
+    from transformers import StaticCache
+    from transformers.cache_utils import StaticLayer
+
+    cache = StaticCache(config=config, max_cache_len=length)
+    kinds = layer_kinds(config)
+    if len(kinds) == len(cache.layers):
+        cache.layers = [StaticLayer(max_cache_len=length) if kind == "sliding_attention"
+                        else layer for kind, layer in zip(kinds, cache.layers, strict=True)]
+    return cache
+
+
+def layer_kinds(config: Any) -> list[str]:
+    """The kind of every cached layer of ``config``'s text model (``layer_types``, or what
+    transformers infers without it: sliding everywhere where the config has a window)."""
+    from transformers.cache_utils import get_layer_types_and_kwargs
+
+    return list(get_layer_types_and_kwargs(config.get_text_config(decoder=True))[0])
+
+
+def uncached_kinds(config: Any) -> list[str]:
+    """The layer kinds of ``config`` that :func:`static_cache` does not cache at full length
+    (chunked, linear and hybrid attention, ...), each once."""
+    return sorted({kind for kind in layer_kinds(config) if kind not in CACHED_AT_FULL_LENGTH})
 
 
 def sliding_layers(cache: Any) -> list[int]:

@@ -39,6 +39,7 @@ from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
 from ._sampling import Sampler
+from ._speculative import DraftModel, PromptLookup, Speculator
 
 __all__ = ["GenerationState", "Program", "MAX_EOS"]
 
@@ -102,7 +103,9 @@ class Program:
 
     def __init__(self, model: Any, state: GenerationState, cache: Any,
                  numerics: Numerics | None = None, steps: int = 1,
-                 sampler: Sampler | None = None) -> None:
+                 sampler: Sampler | None = None,
+                 speculative: PromptLookup | DraftModel | None = None,
+                 draft_cache: Any = None) -> None:
         self.model = model
         self.state = state
         self.cache = cache
@@ -132,8 +135,21 @@ class Program:
             _compile.own_code(self._step), backend=inductor_backend(numerics), dynamic=False)
         self.compiled = numerics is not None
         self._recompile_limit = max(8, steps)
+        #: With speculative decoding: the step that drafts, verifies and accepts
+        #: (:mod:`._speculative`), the decode loop's body in place of one greedy step.
+        # A draft model runs as a program of its own over the same state and its own cache.
+        draft = Program(speculative.model, state, draft_cache) \
+            if isinstance(speculative, DraftModel) else None
+        self.speculator = Speculator(self, speculative, draft) \
+            if speculative is not None else None
 
-    def _view(self, rows: int, length: int) -> Any:
+    def cache_counters(self) -> list[torch.Tensor]:
+        """Every cache write counter a decode step moves: the model's, and a draft model's."""
+        draft = self.speculator.draft if self.speculator is not None else None
+        return self.counters + (draft.counters if draft is not None else [])
+
+    def view(self, rows: int, length: int) -> Any:
+        """The cache over the first ``rows`` sequences and ``length`` positions."""
         view = self.views.get((rows, length))
         if view is None:
             view = self.views[rows, length] = _transformers.cache_view(self.cache, rows, length)
@@ -154,6 +170,16 @@ class Program:
             logits = logits.index_select(1, index)
         return logits[:, -1]
 
+    def forward_all(self, view: Any, ids: torch.Tensor, positions: torch.Tensor
+                    ) -> torch.Tensor:
+        """The model on ``ids`` over ``view``: the logits at every position,
+        ``(rows, positions, vocab)``."""
+        rows, length = ids.shape[0], _transformers.view_length(view)
+        kwargs = {"logits_to_keep": 0} if self.keeps_logits else {}  # 0: every position
+        return self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
+                          position_ids=positions, past_key_values=view, use_cache=True,
+                          **kwargs).logits
+
     def prefill(self, rows: int, prompt_bucket: int, length: int) -> None:
         """The prompt (right-padded to ``prompt_bucket``) through the model, attending over
         ``length`` cache positions, then the first token."""
@@ -164,10 +190,12 @@ class Program:
         mask = state.mask[:rows, :prompt_bucket]
         positions = mask.cumsum(-1) - 1
         positions.masked_fill_(mask == 0, 0)
-        scores = self._forward(self._view(rows, length), state.ids[:rows, :prompt_bucket],
+        scores = self._forward(self.view(rows, length), state.ids[:rows, :prompt_bucket],
                                positions, state.last)
         # The cache holds the real prompt; decoding overwrites the padding's entries.
         _tensors.foreach_copy(self.counters, [state.prompt_len] * len(self.counters))
+        if self.speculator is not None:  # a draft model's cache takes the prompt too
+            self.speculator.prefill(rows, prompt_bucket, length)
         torch.sum(mask, -1, keepdim=True, out=state.next_pos[:rows])
         self._choose(rows, scores)
 
@@ -175,13 +203,16 @@ class Program:
         """One decode step of the first ``rows`` sequences over ``length`` cache positions (a
         while_loop body)."""
         with self._decode_experts():
+            if self.speculator is not None:
+                self.speculator.step(rows, length)
+                return
             if self.sampler is not None:
                 self.sampler.draw()
             if not self.compiled:
-                self._step(self._view(rows, length), rows)
+                self._step(self.view(rows, length), rows)
                 return
             with _compile.recompile_limit(self._recompile_limit):
-                self.step(self._view(rows, length), rows)
+                self.step(self.view(rows, length), rows)
 
     def _step(self, view: Any, rows: int) -> None:
         state = self.state
@@ -191,7 +222,10 @@ class Program:
 
     def within(self, length: int) -> torch.Tensor:
         """The decode loop's condition over ``length`` cache positions: some sequence runs,
-        and the next step's token (at position ``cur - 1``) fits them."""
+        and the next step's token (at position ``cur - 1``) fits them (with speculative
+        decoding: the step's drafts too)."""
+        if self.speculator is not None:
+            return self.speculator.within(length)
         return torch.logical_and(self.state.running, self.state.cur <= length)
 
     def _choose(self, rows: int, scores: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""cugraphrt_torch.Generator: greedy generation of a Hugging Face causal LM on the device.
+"""cugraphrt_torch.Generator: generation of a Hugging Face causal LM on the device.
 
 A generation is one prefill launch and then chunks of up to ``chunk`` decode steps, each
 chunk one launch of a graph whose ``while_loop`` runs the decode step, the greedy choice, the
@@ -31,11 +31,21 @@ from .._internals import transformers as _transformers
 from ..capture import _torch
 from ..capture.capture import warmed_graph
 from ..capture.cuda_graph import graph_pool_handle
-from ..compile._eager_kernels import Numerics
 from ..control.control import while_loop
+from ._generation_checks import (
+    bucket,
+    check_prompt,
+    model_device,
+    special_tokens,
+    speculative_options,
+    static_cache,
+    step_numerics,
+    vocab_size,
+)
 from ._generation_options import generator_options
-from ._generation_program import MAX_EOS, GenerationState, Program
+from ._generation_program import GenerationState, Program
 from ._sampling import SETTINGS, Sampler, call_settings
+from ._speculative import DraftModel, PromptLookup
 
 __all__ = ["Generator", "GeneratorStats"]
 
@@ -55,7 +65,14 @@ class GeneratorStats:
     pool_reserved_bytes : int
         Device memory the graphs' pool reserves (their temporaries, shared).
     state_bytes : int
-        Device memory of the KV cache and the generator's state tensors.
+        Device memory of the KV cache (and a draft model's) and the generator's state
+        tensors.
+    speculative_steps : int
+        With ``speculative``: the verify forwards run so far (each drafted and checked
+        ``speculative.tokens`` tokens).
+    speculative_tokens : int
+        The tokens those steps kept (1 to ``tokens + 1`` each): the acceptance rate is
+        ``(speculative_tokens - speculative_steps) / (speculative_steps * tokens)``.
     """
 
     prefill_graphs: tuple[tuple[int, int], ...]
@@ -63,6 +80,8 @@ class GeneratorStats:
     capture_s: float
     pool_reserved_bytes: int
     state_bytes: int
+    speculative_steps: int = 0
+    speculative_tokens: int = 0
 
 
 class Generator:
@@ -77,8 +96,9 @@ class Generator:
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A decoder-only model whose layers all fit a ``StaticCache`` (full attention; sliding
-        windows are refused), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
+        A decoder-only model whose layers have full or sliding-window attention (a
+        sliding-window layer is cached at full length, its window masked: see
+        docs/generation.md), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
         mode; weights must not move afterwards (the graphs read them in place).
     max_length : int
         The longest sequence served: prompt plus new tokens. The KV cache holds this many
@@ -116,6 +136,12 @@ class Generator:
         ``min_p``, ``repetition_penalty`` and per-row seeds (docs/generation.md,
         "Sampling"). Settings are device tensors the graphs read: changing them captures
         nothing. Without it the graphs are greedy only, and a bit faster.
+    speculative : PromptLookup or DraftModel, optional
+        Speculative greedy decoding: each step drafts ``speculative.tokens`` tokens (by
+        prompt lookup from the sequence so far, or with a draft model), verifies them in one
+        forward and keeps the longest prefix greedy decoding agrees with, inside the decode
+        loop (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
+        ``compile_step``.
 
     Raises
     ------
@@ -129,7 +155,8 @@ class Generator:
                  prompt_buckets: Sequence[int] | None = None,
                  cache_buckets: Sequence[int] | None = None, chunk: int = 32,
                  compile_step: bool | Literal["fast"] = False, graphed: bool = True,
-                 sampling: bool = False) -> None:
+                 sampling: bool = False,
+                 speculative: PromptLookup | DraftModel | None = None) -> None:
         opts = generator_options(
             max_length=max_length, batch_buckets=batch_buckets, prompt_buckets=prompt_buckets,
             cache_buckets=cache_buckets, chunk=chunk, compile_step=compile_step,
@@ -138,22 +165,33 @@ class Generator:
         self.batch_buckets = opts.batch_buckets
         self.prompt_buckets: tuple[int, ...] = opts.prompt_buckets or ()
         self.cache_buckets: tuple[int, ...] = opts.cache_buckets or ()
+        self.speculative = speculative_options(speculative, sampling, opts.compile_step,
+                                               model)
+        # Room past max_length for a speculative step's drafts (its cache writes), and the
+        # decode buckets that hold it: a step at length L writes up to L + tokens.
+        self._room = self.speculative.tokens if self.speculative is not None else 0
+        capacity = self.max_length + self._room
+        self._decode_buckets = (*[b for b in self.cache_buckets if b < capacity], capacity) \
+            if self._room else self.cache_buckets
         self.graphed = graphed
         self.model = model
-        self.device = _model_device(model)
+        self.device = model_device(model)
         if graphed:
             if self.device.type != "cuda":
                 raise OptionsError("model", f"a model on {self.device}",
                                    "a model on a CUDA device (or graphed=False)")
             _torch.require_cuda("cugraphrt_torch.Generator")
-        self._cache = _static_cache(model, self.max_length, self.batch_buckets[-1], self.device)
-        self.state = GenerationState(self.batch_buckets[-1], self.max_length, self.device)
-        self._sampler = Sampler(self.batch_buckets[-1], _vocab_size(model), self.device) \
+        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device)
+        self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
+        self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
+        draft_cache = static_cache(self.speculative.model, capacity, self.batch_buckets[-1],
+                                   self.device) \
+            if isinstance(self.speculative, DraftModel) else None
         self._program = Program(model, self.state, self._cache,
-                                _step_numerics(opts.compile_step),
-                                len(self.batch_buckets) * len(self.cache_buckets),
-                                self._sampler)
+                                step_numerics(opts.compile_step),
+                                len(self.batch_buckets) * len(self._decode_buckets),
+                                self._sampler, self.speculative, draft_cache)
         self.pool: MemPool | None = graph_pool_handle() if graphed else None
         self._prefills: dict[tuple[int, int], Callable[[], None]] = {}
         self._chunks: dict[tuple[int, int], Callable[[], None]] = {}
@@ -204,11 +242,12 @@ class Generator:
             ``(batch, prompt + n)`` int64: the prompts, then ``n`` new tokens, ``n`` the
             steps until every sequence emitted EOS or ``max_new_tokens``.
         """
-        batch, prompt = self._check_prompt(input_ids, attention_mask, max_new_tokens)
+        batch, prompt = check_prompt(input_ids, attention_mask, max_new_tokens,
+                                     self.device, self.max_length)
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        eos, pad = self._special_tokens(eos_token_id, pad_token_id)
+        eos, pad = special_tokens(self.model, eos_token_id, pad_token_id)
         settings = self._sampling_settings(batch, seed, sampling)
-        rows = _bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
+        rows = bucket(batch, self.batch_buckets, "batch size", "batch_buckets")
         # Capture first (every graph this call may use): warm-ups run the bodies on the
         # state, which staging then resets.
         prefill = self._prefill(rows, prompt)
@@ -229,7 +268,7 @@ class Generator:
             if not running:
                 break
             # The next step feeds the token at position length - 1.
-            chunks[self._cache_bucket(length)]()
+            chunks[self._cache_bucket(length + self._room)]()
             length, running = state.read()
         return state.ids[:batch, :length].clone()
 
@@ -237,7 +276,7 @@ class Generator:
     def capture(self, batch_size: int, prompt_length: int) -> None:
         """Capture (if not yet) the graphs a call of this batch size and prompt length uses,
         ahead of the first such call."""
-        rows = _bucket(batch_size, self.batch_buckets, "batch size", "batch_buckets")
+        rows = bucket(batch_size, self.batch_buckets, "batch size", "batch_buckets")
         self._prefill(rows, prompt_length)
         for length in self._cache_lengths(prompt_length, self.max_length - prompt_length):
             self._chunk(rows, length)
@@ -248,27 +287,32 @@ class Generator:
         tensors = [self.state.ids, self.state.mask, self.state.next_ids, self.state.next_pos,
                    self.state.finished, self.state.eos, self.state.scalars]
         tensors += _transformers.cache_tensors(self._cache)
+        speculator = self._program.speculator
+        if speculator is not None and speculator.draft is not None:  # the draft's cache
+            tensors += _transformers.cache_tensors(speculator.draft.cache)
         if self._sampler is not None:
             rows = self._sampler.settings
             tensors += [self._sampler.noise, rows.seen, rows.temperature, rows.top_k,
                         rows.top_p_cut, rows.min_p, rows.penalty, rows.noise_scale]
+        steps, kept = speculator.counts.tolist() if speculator is not None else (0, 0)
         return GeneratorStats(tuple(sorted(self._prefills)), tuple(sorted(self._chunks)),
                               self._capture_s, reserved,
-                              sum(t.numel() * t.element_size() for t in tensors))
+                              sum(t.numel() * t.element_size() for t in tensors), steps, kept)
 
     # -- graphs ----------------------------------------------------------------------------
     def _cache_lengths(self, prompt: int, max_new_tokens: int) -> list[int]:
         """The cache buckets decode steps use from a prompt of ``prompt`` tokens: the first
         step feeds position ``prompt``, the last at most ``prompt + max_new_tokens - 2``."""
-        first = self._cache_bucket(prompt + 1)
-        last = self._cache_bucket(max(prompt + max_new_tokens - 1, prompt + 1))
-        return [b for b in self.cache_buckets if first <= b <= last]
+        room = self._room
+        first = self._cache_bucket(prompt + 1 + room)
+        last = self._cache_bucket(max(prompt + max_new_tokens - 1, prompt + 1) + room)
+        return [b for b in self._decode_buckets if first <= b <= last]
 
     def _cache_bucket(self, length: int) -> int:
-        return next(b for b in self.cache_buckets if b >= length)
+        return next(b for b in self._decode_buckets if b >= length)
 
     def _prefill(self, rows: int, prompt: int) -> Callable[[], None]:
-        prompt_bucket = _bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
+        prompt_bucket = bucket(prompt, self.prompt_buckets, "prompt length", "prompt_buckets")
         key = (rows, prompt_bucket)
         run = self._prefills.get(key)
         if run is None:
@@ -287,7 +331,10 @@ class Generator:
                 def body() -> None:
                     while_loop(lambda: program.within(length),
                                lambda: program.decode(rows, length), max_iters=steps)
-                run = self._graphed(body, rows, None, warm=lambda: program.decode(rows, length))
+                # A compiled step holds its constants itself, and staging's function mode
+                # would make dynamo recompile it inside the capture.
+                run = self._graphed(body, rows, None, warm=lambda: program.decode(rows, length),
+                                    stage=not program.compiled)
             else:
                 def run() -> None:
                     for _ in range(steps):
@@ -298,10 +345,13 @@ class Generator:
         return run
 
     def _graphed(self, body: Callable[[], None], rows: int, prompt_bucket: int | None, *,
-                 warm: Callable[[], None] | None = None) -> Callable[[], None]:
+                 warm: Callable[[], None] | None = None, stage: bool = True
+                 ) -> Callable[[], None]:
         """``body`` captured into the generator's pool (after a warm-up on the capture
         stream from that pool, on a staged dummy prompt); eagerly as it is with
-        ``graphed=False``."""
+        ``graphed=False``. ``stage``: a model's host constants (transformers' masks make
+        ``torch.tensor(0.0, device=...)`` in forward) are staged into pinned memory the graph
+        keeps, the same bytes each call."""
         if not self.graphed:
             return body
         begin = time.perf_counter()
@@ -312,14 +362,20 @@ class Generator:
             # Kernels, library handles and workspaces for the capture stream, from the
             # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
             # counters at 0) keeps the warm-up's writes inside the cache and every value it
-            # writes there finite.
+            # writes there finite. A draft model's counters too: left where the last call
+            # ended, its writes would run past the cache's end.
             self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
-            _tensors.foreach_zero(self._program.counters)
+            _tensors.foreach_zero(self._program.cache_counters())
+            speculator = self._program.speculator
+            counts = speculator.counts.clone() if speculator is not None else None
             (warm or body)()
+            if speculator is not None and counts is not None:  # not a step of any call
+                speculator.counts.copy_(counts)
 
         cuda_graph = Graph()
         # One cuBLAS workspace per stream for all of them: they never run at once.
-        session = warmed_graph(cuda_graph, self.pool, warm_up, workspace_owner=self)
+        session = warmed_graph(cuda_graph, self.pool, warm_up, stage_host_constants=stage,
+                               workspace_owner=self)
         with torch.cuda.device(self.device), session:
             body()
         captured = session.captured
@@ -352,100 +408,3 @@ class Generator:
             return []
         return call_settings(getattr(self.model, "generation_config", None), batch, seed,
                              settings)
-
-    def _check_prompt(self, input_ids, attention_mask, max_new_tokens) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-                or input_ids.dtype not in (torch.int64, torch.int32) \
-                or input_ids.device != self.device or 0 in input_ids.shape:
-            raise OptionsError("input_ids", _describe(input_ids),
-                               f"a non-empty (batch, prompt) integer tensor on {self.device}")
-        if attention_mask is not None and (
-                not isinstance(attention_mask, torch.Tensor)
-                or attention_mask.shape != input_ids.shape
-                or attention_mask.device != self.device):
-            raise OptionsError("attention_mask", _describe(attention_mask),
-                               f"None or a tensor shaped like input_ids "
-                               f"{tuple(input_ids.shape)} on {self.device}")
-        _positive("max_new_tokens", max_new_tokens)
-        batch, prompt = input_ids.shape
-        if prompt + max_new_tokens > self.max_length:
-            raise OptionsError("max_new_tokens", max_new_tokens,
-                               f"at most max_length - prompt = {self.max_length} - {prompt} "
-                               f"= {self.max_length - prompt}; build the Generator with a "
-                               f"larger max_length")
-        return batch, prompt
-
-    def _special_tokens(self, eos_token_id, pad_token_id) -> tuple[list[int], int]:
-        config = getattr(self.model, "generation_config", None)
-        if eos_token_id is None:
-            eos_token_id = getattr(config, "eos_token_id", None)
-        eos = [] if eos_token_id is None else \
-            [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-        if len(eos) > MAX_EOS or not all(isinstance(t, int) and t >= 0 for t in eos):
-            raise OptionsError("eos_token_id", eos_token_id,
-                               f"None, a token id, or up to {MAX_EOS} token ids")
-        if pad_token_id is None:
-            pad_token_id = getattr(config, "pad_token_id", None)
-        if pad_token_id is None:
-            pad_token_id = eos[0] if eos else 0
-        if not isinstance(pad_token_id, int) or pad_token_id < 0:
-            raise OptionsError("pad_token_id", pad_token_id, "None or a token id")
-        return eos, pad_token_id
-
-
-def _static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
-    """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
-    (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
-    cache = _transformers.static_cache(model.config, length)
-    sliding = _transformers.sliding_layers(cache)
-    if sliding or not _transformers.has_write_counters(cache):
-        raise OptionsError("model", type(model).__name__,
-                           "a model whose every layer has full attention (a StaticCache of "
-                           f"StaticLayers; got sliding-window layers {sliding})")
-    ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
-    with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
-    return cache
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration):
-        raise OptionsError("model", type(model).__name__,
-                           "a Hugging Face causal LM (a torch module with parameters)") from None
-
-
-def _vocab_size(model: Any) -> int:
-    """The width of the model's logits (its output embedding's rows)."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if head is not None and hasattr(head, "weight"):
-        return int(head.weight.shape[0])
-    return int(model.config.vocab_size)
-
-
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise OptionsError(name, value, "an integer >= 1")
-    return value
-
-
-def _step_numerics(compile_step: bool | str) -> Numerics | None:
-    """The decode step's Inductor numerics: None (not compiled), eager's bits, or eager's
-    rounding alone ("fast")."""
-    if compile_step is False:
-        return None
-    return True if compile_step == "fast" else "exact"
-
-
-def _bucket(size: int, buckets: tuple[int, ...], what: str, option: str) -> int:
-    for bucket in buckets:
-        if bucket >= size:
-            return bucket
-    raise OptionsError(what, size, f"at most the largest of {option} {buckets}")
-
-
-def _describe(value: Any) -> str:
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)} on {value.device}"
-    return type(value).__name__

@@ -1,0 +1,180 @@
+"""Speculative decoding (prompt lookup) in the Generator, without a GPU: the program run
+eagerly (``graphed=False``) against transformers' greedy ``generate``, and the draft lookup
+against a plain Python one.
+
+Random weights rarely repeat themselves, so drafts are rarely right there; a *cycling*
+model (every layer's output projections zeroed, the head mapping each token's embedding to
+the next token of a fixed permutation) continues every sequence along cycles of 7 tokens,
+which prompt lookup predicts: most drafts are kept, steps take several tokens at once, and
+rows that stop at an EOS do so inside a step."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from cugraphrt_torch import Generator, PromptLookup  # noqa: E402
+
+from cugraphrt.bench.generate_models import causal_lm  # noqa: E402
+from cugraphrt.errors import OptionsError  # noqa: E402
+
+from ._generation_models import VOCAB, cycling_model  # noqa: E402
+from ._generation_prompts import prompts  # noqa: E402
+
+
+def _reference(model, ids, mask, **kwargs):
+    with torch.no_grad():
+        return model.generate(ids, attention_mask=mask, do_sample=False, pad_token_id=0,
+                              **kwargs)
+
+
+def _generator(model, tokens: int = 4, **kwargs):
+    return Generator(model, max_length=64, graphed=False, chunk=5, batch_buckets=(1, 4),
+                     prompt_buckets=(8, 20), cache_buckets=(16, 24, 40, 64),
+                     speculative=PromptLookup(tokens=tokens), **kwargs)
+
+
+def test_a_cycling_model_keeps_most_drafts_and_generates_greedys_tokens():
+    model, successor = cycling_model(torch)
+    ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4)
+    want = _reference(model, ids, mask, max_new_tokens=37)
+    # The model does what it was built to: each new token is the previous one's successor.
+    assert torch.equal(want[:, -36:], successor[want[:, -37:-1]])
+    generator = _generator(model)
+    got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
+    assert torch.equal(got, want)
+    stats = generator.stats()
+    # 36 tokens after the prefill's first: once the cycles show (3 tokens of the n-gram,
+    # then 7 to repeat), steps keep up to 5 tokens each.
+    assert stats.speculative_tokens == 36
+    assert stats.speculative_steps <= 16, stats
+
+
+def test_rows_that_stop_at_an_eos_inside_a_step_get_generates_padding():
+    model, successor = cycling_model(torch)
+    ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4)
+    plain = _reference(model, ids, mask, max_new_tokens=37)
+    # An EOS each row meets at a different step (row 0's 9th new token).
+    eos = int(plain[0, ids.shape[1] + 8])
+    want = _reference(model, ids, mask, max_new_tokens=37, eos_token_id=eos)
+    got = _generator(model).generate(ids, mask, max_new_tokens=37, pad_token_id=0,
+                                     eos_token_id=eos)
+    assert torch.equal(got, want)
+    assert got.shape[1] < plain.shape[1] or (got == eos).any()
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "mixtral"])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_random_models_generate_greedys_tokens(arch, tokens):
+    model = causal_lm(arch, window=8)
+    for lengths in ([19], [5, 12, 9]):
+        ids, mask = prompts(torch, lengths, 512, seed=3)
+        want = _reference(model, ids, mask, max_new_tokens=30)
+        got = _generator(model, tokens).generate(ids, mask, max_new_tokens=30, pad_token_id=0)
+        assert torch.equal(got, want), (arch, tokens, lengths)
+
+
+def _lookup_reference(row: list[int], real: list[bool], cur: int, ngram: int,
+                      tokens: int) -> list[int]:
+    """What follows the latest earlier occurrence of the last ``ngram`` tokens, in Python."""
+    tail = row[cur - ngram:cur]
+    for start in range(cur - ngram - 1, -1, -1):
+        if row[start:start + ngram] == tail and all(real[start:start + ngram]):
+            return [row[i] if i < cur else row[cur - 1]
+                    for i in range(start + ngram, start + ngram + tokens)]
+    return [row[cur - 1]] * tokens
+
+
+def test_prompt_lookup_drafts_what_followed_the_latest_match():
+    from cugraphrt_torch.generation._speculative import prompt_lookup
+
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(50):
+        ids = torch.randint(1, 5, (3, 24), generator=generator)  # few tokens: many matches
+        mask = torch.ones_like(ids)
+        mask[1, :6] = 0  # left padding
+        cur = int(torch.randint(8, 24, (1,), generator=generator))
+        ngram = int(torch.randint(1, 4, (1,), generator=generator))
+        got = prompt_lookup(ids, mask, torch.tensor(cur), ngram, 4)
+        for r in range(3):
+            want = _lookup_reference(ids[r].tolist(), mask[r].bool().tolist(), cur, ngram, 4)
+            assert got[r].tolist() == want, (r, cur, ngram)
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(speculative=PromptLookup(), sampling=True), "speculative"),
+    (dict(speculative=PromptLookup(), compile_step=True), "speculative"),
+    (dict(speculative=4), "speculative"),
+])
+def test_speculative_options_are_checked(kwargs, field):
+    model = causal_lm("llama")
+    with pytest.raises(OptionsError) as info:
+        Generator(model, max_length=64, graphed=False, **kwargs)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("tokens, ngram", [(0, 3), (4, 0), (True, 3), (2.0, 3)])
+def test_prompt_lookup_takes_positive_integers(tokens, ngram):
+    with pytest.raises(OptionsError):
+        PromptLookup(tokens=tokens, ngram=ngram)
+
+
+# -- a draft model -------------------------------------------------------------------------------
+
+def _first_layers(model, layers: int):
+    """The target's first ``layers`` layers and its head, as the issue's draft model."""
+    import copy
+
+    draft = copy.deepcopy(model)
+    draft.model.layers = draft.model.layers[:layers]
+    draft.config.num_hidden_layers = layers
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:layers]
+    return draft
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_a_draft_model_generates_greedys_tokens(arch):
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm(arch, layers=3, window=8)
+    draft = _first_layers(model, 1)
+    for lengths in ([19], [5, 12, 9]):
+        ids, mask = prompts(torch, lengths, 512, seed=3)
+        want = _reference(model, ids, mask, max_new_tokens=30)
+        generator = Generator(model, max_length=64, graphed=False, chunk=5,
+                              batch_buckets=(1, 4), prompt_buckets=(8, 20),
+                              cache_buckets=(16, 24, 40, 64),
+                              speculative=DraftModel(draft, tokens=3))
+        got = generator.generate(ids, mask, max_new_tokens=30, pad_token_id=0)
+        assert torch.equal(got, want), (arch, lengths)
+
+
+def test_the_target_as_its_own_draft_keeps_every_draft():
+    # Every draft is the target's own greedy choice: each step keeps all `tokens` of them
+    # (a draft model's step keeps at most `tokens`, not `tokens + 1`).
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm("llama")
+    ids, mask = prompts(torch, [5, 12, 9], 512, seed=3)
+    want = _reference(model, ids, mask, max_new_tokens=31)
+    generator = Generator(model, max_length=64, graphed=False, batch_buckets=(4,),
+                          prompt_buckets=(20,), cache_buckets=(64,),
+                          speculative=DraftModel(causal_lm("llama"), tokens=3))
+    got = generator.generate(ids, mask, max_new_tokens=31, pad_token_id=0)
+    assert torch.equal(got, want)
+    stats = generator.stats()
+    assert (stats.speculative_steps, stats.speculative_tokens) == (10, 30)
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused():
+    from cugraphrt_torch import DraftModel
+
+    with pytest.raises(OptionsError, match="vocabulary of 512 tokens") as info:
+        Generator(causal_lm("llama"), max_length=64, graphed=False,
+                  speculative=DraftModel(causal_lm("llama", vocab=256)))
+    assert info.value.field == "speculative.model"
+    with pytest.raises(OptionsError):
+        DraftModel(object())
