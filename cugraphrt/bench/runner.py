@@ -342,7 +342,8 @@ def _verdict(report: BenchReport, target, metric: str, base: dict) -> TargetResu
 
 
 class Progress:
-    """A progress bar on stderr: redrawn in place on a terminal, a line per workload else.
+    """A progress bar on stderr: redrawn in place on a terminal, a line per workload and per
+    step else.
 
     Parameters
     ----------
@@ -375,8 +376,13 @@ class Progress:
         self._draw()
 
     def step(self, detail: str) -> None:
-        """A step inside the current workload."""
+        """A step inside the current workload: redrawn on a terminal; else a line with the
+        seconds since the workload began, so that a log shows where a long one spends them."""
         self.detail = detail
+        if self.enabled and not self.tty:
+            seconds = perf_counter() - self._workload_start
+            self._line(f"[{self.index + 1}/{self.total}] {self.name}: {detail} "
+                       f"(at {seconds:.1f} s)")
         self._draw()
 
     def end(self, status: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -532,12 +533,14 @@ def test_progress_lines_when_not_a_terminal():
     stream = io.StringIO()
     progress = runner.Progress(2, stream=stream)
     progress.begin(0, "replay")
-    progress.step("capture")  # steps are drawn on terminals only
+    progress.step("capture")  # a line with the seconds since the workload began
     progress.end("done")
     progress.close()
     lines = stream.getvalue().splitlines()
     assert lines[0] == "cugraphrt bench [1/2] replay ..."
-    assert lines[1].startswith("cugraphrt bench [1/2] replay done in ")
+    assert re.fullmatch(r"cugraphrt bench \[1/2\] replay: capture \(at \d+\.\d s\)", lines[1])
+    assert lines[2].startswith("cugraphrt bench [1/2] replay done in ")
+    assert len(lines) == 3
 
 
 def test_progress_bar_redraws_on_a_terminal():
