@@ -46,10 +46,10 @@ def test_a_cycling_model_keeps_most_drafts_and_generates_greedys_tokens():
     got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
     assert torch.equal(got, want)
     stats = generator.stats()
-    # 36 tokens after the prefill's first: once the cycles show (3 tokens of the n-gram,
-    # then 7 to repeat), steps keep up to 5 tokens each.
-    assert stats.speculative_tokens == 36
-    assert stats.speculative_steps <= 16, stats
+    # 36 tokens after the prefill's first, in each of the 3 rows: once the cycles show (3
+    # tokens of the n-gram, then 7 to repeat), steps keep up to 5 tokens each.
+    assert stats.speculative_tokens == 3 * 36
+    assert stats.speculative_steps <= 3 * 16, stats
 
 
 def test_rows_that_stop_at_an_eos_inside_a_step_get_generates_padding():
@@ -65,7 +65,8 @@ def test_rows_that_stop_at_an_eos_inside_a_step_get_generates_padding():
     assert got.shape[1] < plain.shape[1] or (got == eos).any()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "mixtral", "gemma2", "gemma3",
+                                  "gpt_oss"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_random_models_generate_greedys_tokens(arch, tokens):
     model = causal_lm(arch, window=8)
@@ -74,6 +75,32 @@ def test_random_models_generate_greedys_tokens(arch, tokens):
         want = _reference(model, ids, mask, max_new_tokens=30)
         got = _generator(model, tokens).generate(ids, mask, max_new_tokens=30, pad_token_id=0)
         assert torch.equal(got, want), (arch, tokens, lengths)
+
+
+def test_each_row_keeps_its_own_count():
+    # Each row of a batch keeps what its own drafts earn: the batch's verify steps and kept
+    # tokens are the sums of each row's run alone (rows moving together would take the
+    # slowest row's steps in every row), and each row's tokens are its own run's.
+    model, successor = cycling_model(torch)
+    ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4)
+    # Row 1's prompt walks its cycle twice: its drafts are right from the first step.
+    walk = [int(ids[1, -1])]
+    for _ in range(11):
+        walk.append(int(successor[walk[-1]]))
+    ids[1] = torch.tensor(walk)
+    batch = _generator(model)
+    together = batch.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
+    alone = []
+    for row in range(3):
+        real = ids[row][mask[row].bool()][None]
+        generator = _generator(model)
+        tokens = generator.generate(real, None, max_new_tokens=37, pad_token_id=0)
+        assert torch.equal(tokens[0, real.shape[1]:], together[row, ids.shape[1]:]), row
+        alone.append(generator.stats())
+    assert len({stats.speculative_steps for stats in alone}) > 1, alone  # rows differ
+    stats = batch.stats()
+    assert stats.speculative_steps == sum(one.speculative_steps for one in alone)
+    assert stats.speculative_tokens == sum(one.speculative_tokens for one in alone) == 3 * 36
 
 
 def _lookup_reference(row: list[int], real: list[bool], cur: int, ngram: int,
@@ -166,7 +193,10 @@ def test_the_target_as_its_own_draft_keeps_every_draft():
     got = generator.generate(ids, mask, max_new_tokens=31, pad_token_id=0)
     assert torch.equal(got, want)
     stats = generator.stats()
-    assert (stats.speculative_steps, stats.speculative_tokens) == (10, 30)
+    # Rows 0 and 1: 30 tokens in 10 steps of 3; row 2 meets its EOS at its first step.
+    first = ids.shape[1] + 1  # the first decode step's token
+    assert int(want[2, first]) != 0 and not want[2, first + 1:].any()
+    assert (stats.speculative_steps, stats.speculative_tokens) == (10 + 10 + 1, 30 + 30 + 1)
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused():

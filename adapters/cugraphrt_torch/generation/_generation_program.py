@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .._internals import compile as _compile
+from .._internals import row_cache as _row_cache
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
@@ -121,6 +122,10 @@ class Program:
             if state.ids.device.type == "cuda" else contextlib.nullcontext)
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
+        #: With speculative decoding, each row's write position (a per-row cache), else None.
+        self.row_starts = _row_cache.row_starts(cache)
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype  # what an additive mask is made in
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
         # The decode step, compiled by Inductor (no CUDA graphs of its own: the generator
@@ -144,9 +149,13 @@ class Program:
             if speculative is not None else None
 
     def cache_counters(self) -> list[torch.Tensor]:
-        """Every cache write counter a decode step moves: the model's, and a draft model's."""
-        draft = self.speculator.draft if self.speculator is not None else None
-        return self.counters + (draft.counters if draft is not None else [])
+        """Every cache write position a decode step moves: the model's, and a draft model's
+        (their per-row positions with speculative decoding)."""
+        programs = [self]
+        if self.speculator is not None and self.speculator.draft is not None:
+            programs.append(self.speculator.draft)
+        return [t for p in programs for t in
+                [*p.counters, *([p.row_starts] if p.row_starts is not None else [])]]
 
     def view(self, rows: int, length: int) -> Any:
         """The cache over the first ``rows`` sequences and ``length`` positions."""
@@ -170,13 +179,16 @@ class Program:
             logits = logits.index_select(1, index)
         return logits[:, -1]
 
-    def forward_all(self, view: Any, ids: torch.Tensor, positions: torch.Tensor
-                    ) -> torch.Tensor:
+    def forward_all(self, view: Any, ids: torch.Tensor, positions: torch.Tensor,
+                    masks: Any = None) -> torch.Tensor:
         """The model on ``ids`` over ``view``: the logits at every position,
-        ``(rows, positions, vocab)``."""
+        ``(rows, positions, vocab)``. ``masks``: prepared masks (a per-row cache's), else
+        the state's 2-D mask."""
         rows, length = ids.shape[0], _transformers.view_length(view)
         kwargs = {"logits_to_keep": 0} if self.keeps_logits else {}  # 0: every position
-        return self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
+        if masks is None:
+            masks = self.state.mask[:rows, :length]
+        return self.model(input_ids=ids, attention_mask=masks,
                           position_ids=positions, past_key_values=view, use_cache=True,
                           **kwargs).logits
 
@@ -185,6 +197,8 @@ class Program:
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.counters)
+        if self.row_starts is not None:  # a per-row cache writes the prompt from 0 too
+            self.row_starts.zero_()
         if self.sampler is not None:
             self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]

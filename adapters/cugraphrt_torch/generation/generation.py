@@ -68,10 +68,10 @@ class GeneratorStats:
         Device memory of the KV cache (and a draft model's) and the generator's state
         tensors.
     speculative_steps : int
-        With ``speculative``: the verify forwards run so far (each drafted and checked
-        ``speculative.tokens`` tokens).
+        With ``speculative``: the row-steps run so far (a verify forward counts once for
+        each row still generating; each drafted and checked ``speculative.tokens`` tokens).
     speculative_tokens : int
-        The tokens those steps kept (1 to ``tokens + 1`` each): the acceptance rate is
+        The tokens those row-steps kept (1 to ``tokens + 1`` each): the acceptance rate is
         ``(speculative_tokens - speculative_steps) / (speculative_steps * tokens)``.
     """
 
@@ -139,9 +139,10 @@ class Generator:
     speculative : PromptLookup or DraftModel, optional
         Speculative greedy decoding: each step drafts ``speculative.tokens`` tokens (by
         prompt lookup from the sequence so far, or with a draft model), verifies them in one
-        forward and keeps the longest prefix greedy decoding agrees with, inside the decode
-        loop (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
-        ``compile_step``.
+        forward and keeps, in each row, the longest prefix greedy decoding agrees with,
+        inside the decode loop (docs/generation.md, "Speculative decoding"). Not with
+        ``sampling`` or ``compile_step``; the model (and a draft) with ``sdpa`` or ``eager``
+        attention.
 
     Raises
     ------
@@ -181,12 +182,15 @@ class Generator:
                 raise OptionsError("model", f"a model on {self.device}",
                                    "a model on a CUDA device (or graphed=False)")
             _torch.require_cuda("cugraphrt_torch.Generator")
-        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device)
+        # Speculative decoding keeps a write position per row (rows keep different counts).
+        per_row = self.speculative is not None
+        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device,
+                                   per_row)
         self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
         self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
         draft_cache = static_cache(self.speculative.model, capacity, self.batch_buckets[-1],
-                                   self.device) \
+                                   self.device, per_row) \
             if isinstance(self.speculative, DraftModel) else None
         self._program = Program(model, self.state, self._cache,
                                 step_numerics(opts.compile_step),
