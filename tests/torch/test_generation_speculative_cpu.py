@@ -77,17 +77,23 @@ def test_random_models_generate_greedys_tokens(arch, tokens):
         assert torch.equal(got, want), (arch, tokens, lengths)
 
 
-def test_each_row_keeps_its_own_count():
-    # Each row of a batch keeps what its own drafts earn: the batch's verify steps and kept
-    # tokens are the sums of each row's run alone (rows moving together would take the
-    # slowest row's steps in every row), and each row's tokens are its own run's.
+def _one_row_ahead():
+    """The cycling model and 3 prompts, row 1's walking its cycle twice: its drafts are
+    right from the first step, and it runs ahead of the others."""
     model, successor = cycling_model(torch)
     ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4)
-    # Row 1's prompt walks its cycle twice: its drafts are right from the first step.
     walk = [int(ids[1, -1])]
     for _ in range(11):
         walk.append(int(successor[walk[-1]]))
     ids[1] = torch.tensor(walk)
+    return model, ids, mask
+
+
+def test_each_row_keeps_its_own_count():
+    # Each row of a batch keeps what its own drafts earn: the batch's verify steps and kept
+    # tokens are the sums of each row's run alone (rows moving together would take the
+    # slowest row's steps in every row), and each row's tokens are its own run's.
+    model, ids, mask = _one_row_ahead()
     batch = _generator(model)
     together = batch.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
     alone = []
@@ -208,3 +214,20 @@ def test_a_draft_model_with_another_vocabulary_is_refused():
     assert info.value.field == "speculative.model"
     with pytest.raises(OptionsError):
         DraftModel(object())
+
+
+def test_a_callback_sees_only_columns_every_row_has_and_a_second_call_no_stale_tokens():
+    # Rows of different lengths: the callback gets, chunk by chunk, only the columns every
+    # row has settled, and they add up to the result; a second call over the same state
+    # (a row that stops at an EOS early, its later columns never written) reads padding.
+    model, ids, mask = _one_row_ahead()
+    generator = _generator(model)
+    seen = []
+    got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0,
+                             callback=lambda tokens: seen.append(tokens) and False)
+    assert torch.equal(got, _reference(model, ids, mask, max_new_tokens=37))
+    assert len(seen) > 2 and torch.equal(torch.cat(seen, 1), got[:, ids.shape[1]:])
+    eos = int(got[0, ids.shape[1] + 2])  # row 0 stops at its third new token
+    again = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0, eos_token_id=eos)
+    assert torch.equal(again, _reference(model, ids, mask, max_new_tokens=37,
+                                         eos_token_id=eos))

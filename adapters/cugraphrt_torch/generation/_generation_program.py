@@ -48,7 +48,7 @@ __all__ = ["GenerationState", "Program", "MAX_EOS"]
 MAX_EOS = 8
 
 # Slots of GenerationState.scalars (one int64 vector: one copy stages them, one reads them).
-CUR, MAX_LEN, PAD, PROMPT, LAST, RUNNING = range(6)
+CUR, MAX_LEN, PAD, PROMPT, LAST, RUNNING, SETTLED = range(7)
 
 
 class GenerationState:
@@ -65,13 +65,16 @@ class GenerationState:
         self.next_pos = zeros(rows, 1)        # and its position id
         self.finished = zeros(rows, dtype=torch.bool)
         self.eos = torch.full((MAX_EOS,), -1, dtype=torch.int64, device=device)
-        self.scalars = zeros(6)
+        self.scalars = zeros(7)
         self.cur = self.scalars[CUR]          # tokens in the sequence so far (prompt included)
         self.max_len = self.scalars[MAX_LEN]  # prompt + max_new_tokens
         self.pad = self.scalars[PAD]
         self.prompt_len = self.scalars[PROMPT]
         self.last = self.scalars[LAST:LAST + 1]  # the last prompt position, as logits_to_keep
         self.running = self.scalars[RUNNING]  # the loop's condition (0-d int64)
+        #: With speculative decoding, where rows' lengths differ: the columns every row has
+        #: settled (the shortest running row's length; the longest once all finished).
+        self.settled = self.scalars[SETTLED]
 
     def stage(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: int,
               max_new_tokens: int, pad: int, eos: list[int]) -> None:
@@ -87,16 +90,26 @@ class GenerationState:
         self.finished[:batch].fill_(False)
         self.finished[batch:rows].fill_(True)
         eos_ids = eos + [-1] * (MAX_EOS - len(eos))
-        values = [prompt, prompt + max_new_tokens, pad, prompt, prompt - 1, 1]
+        # Past the prompt, padding: what a row that stops early reads as (speculative
+        # decoding leaves a finished row's later columns unwritten).
+        self.ids[:rows, prompt:].fill_(pad)
+        values = [prompt, prompt + max_new_tokens, pad, prompt, prompt - 1, 1, prompt]
         # One host-to-device copy for the scalars and the EOS ids.
         staged = torch.tensor(values + eos_ids, dtype=torch.int64)
-        self.scalars.copy_(staged[:6])
-        self.eos.copy_(staged[6:])
+        self.scalars.copy_(staged[:7])
+        self.eos.copy_(staged[7:])
 
     def read(self) -> tuple[int, bool]:
         """(tokens in the sequence, whether any sequence still runs); waits for the device."""
         values = self.scalars.tolist()
         return values[CUR], bool(values[RUNNING])
+
+    def read_lengths(self) -> tuple[int, int, bool]:
+        """(tokens in the longest sequence, columns every sequence has settled, whether any
+        sequence still runs); waits for the device. Without speculative decoding the two
+        lengths are one."""
+        values = self.scalars.tolist()
+        return values[CUR], values[SETTLED], bool(values[RUNNING])
 
 
 class Program:

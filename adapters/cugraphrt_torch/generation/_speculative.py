@@ -183,6 +183,8 @@ class Speculator:
         lengths.add_(take)
         finished.logical_or_((eos & kept).any(1) | (lengths >= state.max_len))
         state.cur.copy_(lengths.max())
+        # The columns every row has settled: up to the shortest running row's length.
+        state.settled.copy_(torch.where(finished, state.cur, lengths).min())
         state.running.copy_(finished.logical_not().any())
 
     def _masks(self, program: Any, rows: int, length: int, start: torch.Tensor,
@@ -211,6 +213,7 @@ class Speculator:
         prompt through the draft model into its cache (the same ids, mask and positions)."""
         state = self.program.state
         self.lengths[:rows].copy_((state.prompt_len + 1).expand(rows))
+        state.settled.copy_(state.prompt_len + 1)
         if self.draft is None:
             return
         draft = self.draft

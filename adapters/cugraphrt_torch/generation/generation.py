@@ -262,19 +262,25 @@ class Generator:
         if self._sampler is not None:
             self._sampler.stage(settings, input_ids)
         prefill()
-        length, running = state.read()
+        # ``length``: the longest sequence (the cache bucket's need); ``settled``: the
+        # columns every sequence has (they differ with speculative decoding's rows).
+        length, settled, running = self._read()
         seen = prompt
         while True:
-            if callback is not None and length > seen:
-                if callback(state.ids[:batch, seen:length].clone()):
+            if callback is not None and settled > seen:
+                if callback(state.ids[:batch, seen:settled].clone()):
                     break
-            seen = length
+            seen = settled
             if not running:
                 break
             # The next step feeds the token at position length - 1.
             chunks[self._cache_bucket(length + self._room)]()
-            length, running = state.read()
-        return state.ids[:batch, :length].clone()
+            length, settled, running = self._read()
+        return state.ids[:batch, :settled].clone()
+
+    def _read(self) -> tuple[int, int, bool]:
+        length, settled, running = self.state.read_lengths()
+        return length, settled if self._room else length, running
 
     @torch.no_grad()
     def capture(self, batch_size: int, prompt_length: int) -> None:
