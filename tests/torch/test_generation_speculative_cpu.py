@@ -231,3 +231,31 @@ def test_a_callback_sees_only_columns_every_row_has_and_a_second_call_no_stale_t
     again = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0, eos_token_id=eos)
     assert torch.equal(again, _reference(model, ids, mask, max_new_tokens=37,
                                          eos_token_id=eos))
+
+
+@pytest.mark.parametrize("speculative", ["lookup", "draft"])
+def test_a_capture_warm_up_writes_inside_the_cache_and_counts_nothing(speculative):
+    # What a decode chunk's capture runs first (Program.warm_up): one step on a dummy
+    # prompt, after a call that left every row's length near the end of the cache. The
+    # step must start from the dummy prompt (a row left at its old length would write past
+    # the cache bucket), and leave the counts and the next call's tokens as they were.
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm("llama")
+    model.generation_config.eos_token_id = None  # every row runs to the end
+    options = PromptLookup(tokens=3) if speculative == "lookup" else \
+        DraftModel(causal_lm("llama", layers=1), tokens=3)
+    generator = Generator(model, max_length=64, graphed=False, batch_buckets=(4,),
+                          prompt_buckets=(20,), cache_buckets=(16, 64), speculative=options)
+    ids, mask = prompts(torch, [5, 12, 9], 512, seed=3)
+    want = _reference(model, ids, mask, max_new_tokens=40)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0), want)
+    before = generator.stats()
+    program, speculator = generator._program, generator._program.speculator
+    assert int(speculator.lengths[:3].min()) > 16  # past the small bucket
+    dummy = torch.zeros(4, 1, dtype=torch.int64)
+    with torch.no_grad():  # as the capture's warm-up runs
+        program.warm_up(dummy, 4, lambda: program.decode(4, 16))
+    assert int(speculator.lengths.max()) <= 1 + 4  # the dummy prompt, one step on
+    assert generator.stats() == before
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0), want)

@@ -170,6 +170,24 @@ class Program:
         return [t for p in programs for t in
                 [*p.counters, *([p.row_starts] if p.row_starts is not None else [])]]
 
+    def warm_up(self, dummy: torch.Tensor, rows: int, body: Callable[[], None]) -> None:
+        """``body`` (a prefill or a decode step) run once on the ``dummy`` prompt, before its
+        capture: shorter than the cache, every write position at its start (a draft
+        model's and the rows' lengths too: left where the last call ended, the writes would
+        run past the cache's end), so that the warm-up writes inside the cache and every
+        value it writes there is finite. A warm-up step is not a step of any call: the
+        speculative counts stay as they were."""
+        self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
+        _tensors.foreach_zero(self.cache_counters())
+        speculator = self.speculator
+        if speculator is None:
+            body()
+            return
+        speculator.restart(rows)
+        counts = speculator.counts.clone()
+        body()
+        speculator.counts.copy_(counts)
+
     def view(self, rows: int, length: int) -> Any:
         """The cache over the first ``rows`` sequences and ``length`` positions."""
         view = self.views.get((rows, length))

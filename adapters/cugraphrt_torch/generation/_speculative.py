@@ -208,6 +208,12 @@ class Speculator:
             drafts.append(fed)
         return torch.cat(drafts, 1)
 
+    def restart(self, rows: int) -> None:
+        """Each row's length from the staged state's (before a warm-up step)."""
+        state = self.program.state
+        self.lengths[:rows].copy_(state.cur.expand(rows))
+        state.settled.copy_(state.cur)
+
     def prefill(self, rows: int, prompt_bucket: int, length: int) -> None:
         """After the target's prefill (before its first token): each row's length, and the
         prompt through the draft model into its cache (the same ids, mask and positions)."""

@@ -26,7 +26,6 @@ import torch
 from cugraphrt import Graph, MemPool
 from cugraphrt.errors import OptionsError
 
-from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..capture import _torch
 from ..capture.capture import warmed_graph
@@ -370,17 +369,8 @@ class Generator:
 
         def warm_up() -> None:
             # Kernels, library handles and workspaces for the capture stream, from the
-            # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
-            # counters at 0) keeps the warm-up's writes inside the cache and every value it
-            # writes there finite. A draft model's counters too: left where the last call
-            # ended, its writes would run past the cache's end.
-            self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
-            _tensors.foreach_zero(self._program.cache_counters())
-            speculator = self._program.speculator
-            counts = speculator.counts.clone() if speculator is not None else None
-            (warm or body)()
-            if speculator is not None and counts is not None:  # not a step of any call
-                speculator.counts.copy_(counts)
+            # generator's pool (warmed_graph), on a dummy prompt (Program.warm_up).
+            self._program.warm_up(dummy, rows, warm or body)
 
         cuda_graph = Graph()
         # One cuBLAS workspace per stream for all of them: they never run at once.
