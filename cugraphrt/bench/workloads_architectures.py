@@ -39,7 +39,7 @@ from .workloads_generate import (
     set_up,
     skipped,
 )
-from .workloads_sampled import SETTINGS
+from .workloads_sampled import SETTINGS, check_sampled
 
 __all__ = ["GENERATE_ARCHITECTURES", "DEFAULT_ARCHS", "archs"]
 
@@ -143,9 +143,8 @@ def _batch(ctx: Context, torch, model, generators: dict, graphless, arch: str, b
     if "cugraphrt_sampled" in samples:
         want = graphless.generate(prompt, max_new_tokens=NEW, eos_token_id=[], seed=seeds,
                                   **SETTINGS)
-        if not torch.equal(timed["cugraphrt_sampled"].tokens, want):
-            per_token.fail("cugraphrt_sampled", RuntimeError(
-                "cugraphrt_sampled's tokens part from graphed=False's for the same seeds"))
+        check_sampled(per_token, "cugraphrt_sampled", timed["cugraphrt_sampled"].tokens,
+                      want, PROMPT)
     for row in (per_token, same):
         ctx.emit(row.build())
 

@@ -41,7 +41,7 @@ from .workloads_generate import (
     skipped,
 )
 
-__all__ = ["GENERATE_SAMPLED"]
+__all__ = ["GENERATE_SAMPLED", "check_sampled"]
 
 SYSTEMS = ("hf_eager", "hf_static", "cugraphrt", "cugraphrt_compiled")
 OURS = ("cugraphrt", "cugraphrt_compiled")
@@ -96,17 +96,25 @@ def _batch(ctx: Context, torch, model, generators: dict, graphless: Any, batch: 
     for name, values in samples.items():
         per_token.set(name, summarize(values).scaled(US))
     for name in OURS:
-        if name not in samples:
-            continue
-        tokens = timed[name].tokens
-        equal = (tokens[:, PROMPT:] == reference[:, PROMPT:]).int().cumprod(1).sum(1)
-        same.set(name, single(float(equal.min())))
-        if not torch.equal(tokens, reference):
-            per_token.fail(name, RuntimeError(
-                f"{name}'s sampled tokens part from graphed=False's for the same seeds after "
-                f"{int(equal.min())} tokens"))
+        if name in samples:
+            shared = check_sampled(per_token, name, timed[name].tokens, reference, PROMPT)
+            same.set(name, single(float(shared)))
     for row in (per_token, same):
         ctx.emit(row.build())
+
+
+def check_sampled(per_token: RowBuilder, name: str, tokens: Any, reference: Any,
+                  prompt: int) -> int:
+    """``name``'s sampled tokens against ``graphed=False``'s for the same seeds: the new
+    tokens every row shares with the reference from the first; any difference makes
+    ``name``'s cell in ``per_token`` an error."""
+    equal = (tokens[:, prompt:] == reference[:, prompt:]).int().cumprod(1).sum(1)
+    shared = int(equal.min())
+    if not tokens.equal(reference):
+        per_token.fail(name, RuntimeError(
+            f"{name}'s sampled tokens part from graphed=False's for the same seeds after "
+            f"{shared} tokens"))
+    return shared
 
 
 # The issue's target (54): at least 2x hf_static's tokens per second, sampled, at batch 1 and
