@@ -318,17 +318,12 @@ def test_each_speculative_row_keeps_its_own_count_graphed():
     and kept tokens are those of its own run alone, and every run's are eager generate's."""
     from cugraphrt_torch import PromptLookup
 
-    from ._generation_models import VOCAB, cycling_model
+    from ._generation_models import one_row_ahead
 
     old = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
-        model, successor = cycling_model(torch, "cuda")
-        ids, mask = prompts(torch, [5, 12, 9], VOCAB, 4, device="cuda")
-        walk = [int(ids[1, -1])]  # row 1 walks its cycle twice: right drafts at once
-        for _ in range(11):
-            walk.append(int(successor[walk[-1]]))
-        ids[1] = torch.tensor(walk, device="cuda")
+        model, ids, mask = one_row_ahead(torch, "cuda")
 
         def generator():
             return Generator(model, max_length=128, batch_buckets=(1, 4),

@@ -20,7 +20,7 @@ from cugraphrt_torch import Generator, PromptLookup  # noqa: E402
 from cugraphrt.bench.generate_models import causal_lm  # noqa: E402
 from cugraphrt.errors import OptionsError  # noqa: E402
 
-from ._generation_models import VOCAB, cycling_model  # noqa: E402
+from ._generation_models import VOCAB, cycling_model, one_row_ahead  # noqa: E402
 from ._generation_prompts import prompts  # noqa: E402
 
 
@@ -77,23 +77,11 @@ def test_random_models_generate_greedys_tokens(arch, tokens):
         assert torch.equal(got, want), (arch, tokens, lengths)
 
 
-def _one_row_ahead():
-    """The cycling model and 3 prompts, row 1's walking its cycle twice: its drafts are
-    right from the first step, and it runs ahead of the others."""
-    model, successor = cycling_model(torch)
-    ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4)
-    walk = [int(ids[1, -1])]
-    for _ in range(11):
-        walk.append(int(successor[walk[-1]]))
-    ids[1] = torch.tensor(walk)
-    return model, ids, mask
-
-
 def test_each_row_keeps_its_own_count():
     # Each row of a batch keeps what its own drafts earn: the batch's verify steps and kept
     # tokens are the sums of each row's run alone (rows moving together would take the
     # slowest row's steps in every row), and each row's tokens are its own run's.
-    model, ids, mask = _one_row_ahead()
+    model, ids, mask = one_row_ahead(torch)
     batch = _generator(model)
     together = batch.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
     alone = []
@@ -220,7 +208,7 @@ def test_a_callback_sees_only_columns_every_row_has_and_a_second_call_no_stale_t
     # Rows of different lengths: the callback gets, chunk by chunk, only the columns every
     # row has settled, and they add up to the result; a second call over the same state
     # (a row that stops at an EOS early, its later columns never written) reads padding.
-    model, ids, mask = _one_row_ahead()
+    model, ids, mask = one_row_ahead(torch)
     generator = _generator(model)
     seen = []
     got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0,
