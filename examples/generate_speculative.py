@@ -3,9 +3,10 @@ forward where the text repeats itself, greedy decoding's tokens always.
 
 `Generator(model, max_length=..., speculative=PromptLookup(tokens=4))` drafts 4 tokens per
 step from the sequence so far (what followed the latest earlier occurrence of its last 3
-tokens), verifies them in one forward of the model, keeps the longest prefix that greedy
-decoding agrees with plus the model's own next token, and rolls the KV cache back: all
-inside the decode chunk's `while_loop`, many tokens per launch. This example checks the
+tokens), verifies them in one forward of the model, and keeps, in each row, the longest
+prefix that greedy decoding agrees with plus the model's own next token (the next step
+writes over the rejected drafts' cache entries): all inside the decode chunk's
+`while_loop`, many tokens per launch. This example checks the
 tokens against transformers' greedy `generate` and prints the acceptance rate and both
 speeds.
 

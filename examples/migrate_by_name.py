@@ -70,6 +70,7 @@ def cupy_program(Stream, *, extras: bool) -> cupy.ndarray:
         g = s.end_capture()
     fresh = cupy.asarray(np.random.default_rng(3).standard_normal(4096))
     x[...] = fresh
+    s.wait_event(cupy.cuda.get_current_stream().record())  # s is non-blocking: copy first
     g.launch(s)
     s.synchronize()
     cupy.testing.assert_allclose(y, cupy.sin(fresh) * 2 + 1)

@@ -43,6 +43,7 @@ def test_replay_on_another_stream(randn):
     other = cupy.cuda.Stream(non_blocking=True)
     fresh = randn((1000,))
     x.set(cupy.asnumpy(fresh))
+    cupy.cuda.Device().synchronize()  # the copy first: the stream is non-blocking
     g.replay(stream=other)
     other.synchronize()
     cupy.testing.assert_allclose(y, cupy.sin(fresh) * 2, rtol=1e-6)

@@ -36,6 +36,7 @@ def test_capture_launches_like_eager_on_any_stream(upload, randn):
     for stream in (s1, s2, None):
         fresh = randn((4096,), np.float64)
         a[...] = fresh
+        cupy.cuda.Device().synchronize()  # the copy first: s is non-blocking
         if upload:
             g.upload(stream)
         g.launch(stream=stream)
@@ -89,6 +90,7 @@ def test_fork_and_join_are_captured(randn):
     assert not s1.is_capturing() and not s2.is_capturing()
     fresh = randn((1000,), np.float64)
     a[...] = fresh
+    cupy.cuda.Device().synchronize()  # the copy first: s is non-blocking
     g.launch(s1)
     s1.synchronize()
     cupy.testing.assert_allclose(out2, 3 * (fresh * 100) + 1, rtol=1e-12)
@@ -237,6 +239,7 @@ def test_matmul_and_new_fft_plans_are_captured(randn):
     fa, fb, fx = randn((64, 48), np.float32), randn((48, 32), np.float32), \
         randn((1998,), np.complex64)
     a[...], b[...], x[...] = fa, fb, fx
+    cupy.cuda.Device().synchronize()  # the copy first: s is non-blocking
     g.launch(s)
     s.synchronize()
     np.testing.assert_allclose(cupy.asnumpy(product),
@@ -274,6 +277,7 @@ def test_shared_pool_between_stream_captures(randn):
     assert g1.pool() is pool and g2.pool() is pool
     fresh = randn((512,), np.float32)
     a[...] = fresh
+    cupy.cuda.Device().synchronize()  # the copy first: s is non-blocking
     g1.launch(s)
     g2.launch(s)
     s.synchronize()

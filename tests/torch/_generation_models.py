@@ -24,3 +24,17 @@ def cycling_model(torch, device: str = "cpu", dtype=None):
         model.lm_head.weight.copy_(head)
     model.generation_config.eos_token_id = None
     return model.to(device, dtype or torch.float32), successor.to(device)
+
+
+def one_row_ahead(torch, device: str = "cpu"):
+    """The cycling model and 3 left-padded prompts (5, 12 and 9 tokens), row 1's walking its
+    cycle twice: its drafts are right from the first step, and it runs ahead of the others."""
+    from ._generation_prompts import prompts
+
+    model, successor = cycling_model(torch, device)
+    ids, mask = prompts(torch, [5, 12, 9], VOCAB, seed=4, device=device)
+    walk = [int(ids[1, -1])]
+    for _ in range(11):
+        walk.append(int(successor[walk[-1]]))
+    ids[1] = torch.tensor(walk, device=device)
+    return model, ids, mask

@@ -30,6 +30,7 @@ def check(dtype: torch.dtype, m: int, k: int, n: int) -> None:
     torch.cuda.empty_cache()  # what torch.cuda.graph does on entry
     fillers = [torch.full((1 << 22,), 7.0, device="cuda") for _ in range(8)]
     a.copy_(torch.randn_like(a))
+    stream.wait_stream(torch.cuda.current_stream())  # the copy ran on the current stream
     graph.replay(stream=stream)
     torch.cuda.synchronize()
     expected = (a.double() @ b.double()).to(dtype)

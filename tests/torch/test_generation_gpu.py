@@ -277,9 +277,9 @@ def test_speculative_decoding_keeps_greedys_tokens_in_few_launches(model_kind):
         got = generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0)
         assert torch.equal(got, expected)
         stats = generator.stats()
-        assert stats.decode_graphs and stats.speculative_tokens == 59
+        assert stats.decode_graphs and stats.speculative_tokens == 3 * 59  # 3 rows
         if model_kind == "cycling":
-            assert stats.speculative_steps <= 25, stats
+            assert stats.speculative_steps <= 3 * 25, stats
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old
 
@@ -307,6 +307,44 @@ def test_a_draft_model_keeps_greedys_tokens():
         expected = _reference(model, ids, mask, max_new_tokens=60)
         assert torch.equal(generator.generate(ids, mask, max_new_tokens=60, pad_token_id=0),
                            expected)
-        assert generator.stats().speculative_tokens == 59
+        assert generator.stats().speculative_tokens == 3 * 59  # 3 rows
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old
+
+
+def test_each_speculative_row_keeps_its_own_count_graphed():
+    """Issue 55: rows of a batch keep different numbers of drafts in one verify forward (a
+    cache write position per row, masks offset per row), graphed: each row's tokens, steps
+    and kept tokens are those of its own run alone, and every run's are eager generate's."""
+    from cugraphrt_torch import PromptLookup
+
+    from ._generation_models import one_row_ahead
+
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        model, ids, mask = one_row_ahead(torch, "cuda")
+
+        def generator():
+            return Generator(model, max_length=128, batch_buckets=(1, 4),
+                             speculative=PromptLookup(tokens=4))
+
+        batch = generator()
+        together = batch.generate(ids, mask, max_new_tokens=60, pad_token_id=0)
+        assert torch.equal(together, _reference(model, ids, mask, max_new_tokens=60))
+        steps = tokens = 0
+        counts = set()
+        for row in range(3):
+            real = ids[row][mask[row].bool()][None]
+            alone = generator()
+            got = alone.generate(real, None, max_new_tokens=60, pad_token_id=0)
+            assert torch.equal(got[0, real.shape[1]:], together[row, ids.shape[1]:]), row
+            stats = alone.stats()
+            steps, tokens = steps + stats.speculative_steps, tokens + stats.speculative_tokens
+            counts.add(stats.speculative_steps)
+        assert len(counts) > 1, counts  # the rows differ, so moving together would not add up
+        stats = batch.stats()
+        assert (stats.speculative_steps, stats.speculative_tokens) == (steps, tokens)
+        assert tokens == 3 * 59 and stats.decode_graphs
     finally:
         torch.backends.cuda.matmul.allow_tf32 = old

@@ -20,7 +20,7 @@ from cugraphrt_torch import Generator, PromptLookup  # noqa: E402
 from cugraphrt.bench.generate_models import causal_lm  # noqa: E402
 from cugraphrt.errors import OptionsError  # noqa: E402
 
-from ._generation_models import VOCAB, cycling_model  # noqa: E402
+from ._generation_models import VOCAB, cycling_model, one_row_ahead  # noqa: E402
 from ._generation_prompts import prompts  # noqa: E402
 
 
@@ -46,10 +46,10 @@ def test_a_cycling_model_keeps_most_drafts_and_generates_greedys_tokens():
     got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
     assert torch.equal(got, want)
     stats = generator.stats()
-    # 36 tokens after the prefill's first: once the cycles show (3 tokens of the n-gram,
-    # then 7 to repeat), steps keep up to 5 tokens each.
-    assert stats.speculative_tokens == 36
-    assert stats.speculative_steps <= 16, stats
+    # 36 tokens after the prefill's first, in each of the 3 rows: once the cycles show (3
+    # tokens of the n-gram, then 7 to repeat), steps keep up to 5 tokens each.
+    assert stats.speculative_tokens == 3 * 36
+    assert stats.speculative_steps <= 3 * 16, stats
 
 
 def test_rows_that_stop_at_an_eos_inside_a_step_get_generates_padding():
@@ -65,7 +65,8 @@ def test_rows_that_stop_at_an_eos_inside_a_step_get_generates_padding():
     assert got.shape[1] < plain.shape[1] or (got == eos).any()
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "mixtral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral", "mixtral", "gemma2", "gemma3",
+                                  "gpt_oss"])
 @pytest.mark.parametrize("tokens", [1, 3])
 def test_random_models_generate_greedys_tokens(arch, tokens):
     model = causal_lm(arch, window=8)
@@ -74,6 +75,26 @@ def test_random_models_generate_greedys_tokens(arch, tokens):
         want = _reference(model, ids, mask, max_new_tokens=30)
         got = _generator(model, tokens).generate(ids, mask, max_new_tokens=30, pad_token_id=0)
         assert torch.equal(got, want), (arch, tokens, lengths)
+
+
+def test_each_row_keeps_its_own_count():
+    # Each row of a batch keeps what its own drafts earn: the batch's verify steps and kept
+    # tokens are the sums of each row's run alone (rows moving together would take the
+    # slowest row's steps in every row), and each row's tokens are its own run's.
+    model, ids, mask = one_row_ahead(torch)
+    batch = _generator(model)
+    together = batch.generate(ids, mask, max_new_tokens=37, pad_token_id=0)
+    alone = []
+    for row in range(3):
+        real = ids[row][mask[row].bool()][None]
+        generator = _generator(model)
+        tokens = generator.generate(real, None, max_new_tokens=37, pad_token_id=0)
+        assert torch.equal(tokens[0, real.shape[1]:], together[row, ids.shape[1]:]), row
+        alone.append(generator.stats())
+    assert len({stats.speculative_steps for stats in alone}) > 1, alone  # rows differ
+    stats = batch.stats()
+    assert stats.speculative_steps == sum(one.speculative_steps for one in alone)
+    assert stats.speculative_tokens == sum(one.speculative_tokens for one in alone) == 3 * 36
 
 
 def _lookup_reference(row: list[int], real: list[bool], cur: int, ngram: int,
@@ -166,7 +187,10 @@ def test_the_target_as_its_own_draft_keeps_every_draft():
     got = generator.generate(ids, mask, max_new_tokens=31, pad_token_id=0)
     assert torch.equal(got, want)
     stats = generator.stats()
-    assert (stats.speculative_steps, stats.speculative_tokens) == (10, 30)
+    # Rows 0 and 1: 30 tokens in 10 steps of 3; row 2 meets its EOS at its first step.
+    first = ids.shape[1] + 1  # the first decode step's token
+    assert int(want[2, first]) != 0 and not want[2, first + 1:].any()
+    assert (stats.speculative_steps, stats.speculative_tokens) == (10 + 10 + 1, 30 + 30 + 1)
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused():
@@ -178,3 +202,48 @@ def test_a_draft_model_with_another_vocabulary_is_refused():
     assert info.value.field == "speculative.model"
     with pytest.raises(OptionsError):
         DraftModel(object())
+
+
+def test_a_callback_sees_only_columns_every_row_has_and_a_second_call_no_stale_tokens():
+    # Rows of different lengths: the callback gets, chunk by chunk, only the columns every
+    # row has settled, and they add up to the result; a second call over the same state
+    # (a row that stops at an EOS early, its later columns never written) reads padding.
+    model, ids, mask = one_row_ahead(torch)
+    generator = _generator(model)
+    seen = []
+    got = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0,
+                             callback=lambda tokens: seen.append(tokens) and False)
+    assert torch.equal(got, _reference(model, ids, mask, max_new_tokens=37))
+    assert len(seen) > 2 and torch.equal(torch.cat(seen, 1), got[:, ids.shape[1]:])
+    eos = int(got[0, ids.shape[1] + 2])  # row 0 stops at its third new token
+    again = generator.generate(ids, mask, max_new_tokens=37, pad_token_id=0, eos_token_id=eos)
+    assert torch.equal(again, _reference(model, ids, mask, max_new_tokens=37,
+                                         eos_token_id=eos))
+
+
+@pytest.mark.parametrize("speculative", ["lookup", "draft"])
+def test_a_capture_warm_up_writes_inside_the_cache_and_counts_nothing(speculative):
+    # What a decode chunk's capture runs first (Program.warm_up): one step on a dummy
+    # prompt, after a call that left every row's length near the end of the cache. The
+    # step must start from the dummy prompt (a row left at its old length would write past
+    # the cache bucket), and leave the counts and the next call's tokens as they were.
+    from cugraphrt_torch import DraftModel
+
+    model = causal_lm("llama")
+    model.generation_config.eos_token_id = None  # every row runs to the end
+    options = PromptLookup(tokens=3) if speculative == "lookup" else \
+        DraftModel(causal_lm("llama", layers=1), tokens=3)
+    generator = Generator(model, max_length=64, graphed=False, batch_buckets=(4,),
+                          prompt_buckets=(20,), cache_buckets=(16, 64), speculative=options)
+    ids, mask = prompts(torch, [5, 12, 9], 512, seed=3)
+    want = _reference(model, ids, mask, max_new_tokens=40)
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0), want)
+    before = generator.stats()
+    program, speculator = generator._program, generator._program.speculator
+    assert int(speculator.lengths[:3].min()) > 16  # past the small bucket
+    dummy = torch.zeros(4, 1, dtype=torch.int64)
+    with torch.no_grad():  # as the capture's warm-up runs
+        program.warm_up(dummy, 4, lambda: program.decode(4, 16))
+    assert int(speculator.lengths.max()) <= 1 + 4  # the dummy prompt, one step on
+    assert generator.stats() == before
+    assert torch.equal(generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0), want)

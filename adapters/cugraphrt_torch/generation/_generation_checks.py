@@ -10,6 +10,7 @@ import torch
 
 from cugraphrt.errors import OptionsError
 
+from .._internals import row_cache as _row_cache
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics
 from ._generation_program import MAX_EOS
@@ -65,9 +66,11 @@ def special_tokens(model: Any, eos_token_id: Any, pad_token_id: Any) -> tuple[li
     return eos, pad_token_id
 
 
-def static_cache(model: Any, length: int, rows: int, device: torch.device) -> Any:
+def static_cache(model: Any, length: int, rows: int, device: torch.device,
+                 per_row: bool = False) -> Any:
     """A StaticCache of ``length`` positions for ``rows`` sequences, its tensors allocated
-    (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens)."""
+    (StaticCache allocates on first use: one eager step of ``rows`` dummy tokens); with
+    ``per_row``, a write position per row (:func:`.._internals.row_cache.per_row_cache`)."""
     uncached = _transformers.uncached_kinds(model.config)
     if uncached:
         raise OptionsError("model", type(model).__name__,
@@ -82,6 +85,8 @@ def static_cache(model: Any, length: int, rows: int, device: torch.device) -> An
     ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True)
+    if per_row:
+        _row_cache.per_row_cache(cache)
     return cache
 
 
@@ -147,6 +152,16 @@ def speculative_options(speculative: Any, sampling: bool, compile_step: Any, mod
         if model_device(draft) != model_device(model):
             raise OptionsError("speculative.model", f"a model on {model_device(draft)}",
                                f"a draft on the target's device, {model_device(model)}")
+    for which, checked in (("model", model), ("speculative.model", getattr(
+            speculative, "model", None))):
+        implementation = None if checked is None else \
+            _row_cache.attention_implementation(checked.config)
+        if implementation is not None and implementation not in \
+                _row_cache.MASKED_IMPLEMENTATIONS:
+            raise OptionsError(which, f"attention implementation {implementation!r}",
+                               "a model with 'sdpa' or 'eager' attention for speculative "
+                               "decoding (its masks offset each row's queries; set "
+                               "attn_implementation='sdpa' when loading it)")
     if sampling:
         raise OptionsError("speculative", speculative,
                            "None with sampling=True (speculative decoding is greedy)")

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from .._internals import compile as _compile
+from .._internals import row_cache as _row_cache
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..compile._eager_kernels import Numerics, inductor_backend
@@ -47,7 +48,7 @@ __all__ = ["GenerationState", "Program", "MAX_EOS"]
 MAX_EOS = 8
 
 # Slots of GenerationState.scalars (one int64 vector: one copy stages them, one reads them).
-CUR, MAX_LEN, PAD, PROMPT, LAST, RUNNING = range(6)
+CUR, MAX_LEN, PAD, PROMPT, LAST, RUNNING, SETTLED = range(7)
 
 
 class GenerationState:
@@ -64,13 +65,16 @@ class GenerationState:
         self.next_pos = zeros(rows, 1)        # and its position id
         self.finished = zeros(rows, dtype=torch.bool)
         self.eos = torch.full((MAX_EOS,), -1, dtype=torch.int64, device=device)
-        self.scalars = zeros(6)
+        self.scalars = zeros(7)
         self.cur = self.scalars[CUR]          # tokens in the sequence so far (prompt included)
         self.max_len = self.scalars[MAX_LEN]  # prompt + max_new_tokens
         self.pad = self.scalars[PAD]
         self.prompt_len = self.scalars[PROMPT]
         self.last = self.scalars[LAST:LAST + 1]  # the last prompt position, as logits_to_keep
         self.running = self.scalars[RUNNING]  # the loop's condition (0-d int64)
+        #: With speculative decoding, where rows' lengths differ: the columns every row has
+        #: settled (the shortest running row's length; the longest once all finished).
+        self.settled = self.scalars[SETTLED]
 
     def stage(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: int,
               max_new_tokens: int, pad: int, eos: list[int]) -> None:
@@ -86,16 +90,26 @@ class GenerationState:
         self.finished[:batch].fill_(False)
         self.finished[batch:rows].fill_(True)
         eos_ids = eos + [-1] * (MAX_EOS - len(eos))
-        values = [prompt, prompt + max_new_tokens, pad, prompt, prompt - 1, 1]
+        # Past the prompt, padding: what a row that stops early reads as (speculative
+        # decoding leaves a finished row's later columns unwritten).
+        self.ids[:rows, prompt:].fill_(pad)
+        values = [prompt, prompt + max_new_tokens, pad, prompt, prompt - 1, 1, prompt]
         # One host-to-device copy for the scalars and the EOS ids.
         staged = torch.tensor(values + eos_ids, dtype=torch.int64)
-        self.scalars.copy_(staged[:6])
-        self.eos.copy_(staged[6:])
+        self.scalars.copy_(staged[:7])
+        self.eos.copy_(staged[7:])
 
     def read(self) -> tuple[int, bool]:
         """(tokens in the sequence, whether any sequence still runs); waits for the device."""
         values = self.scalars.tolist()
         return values[CUR], bool(values[RUNNING])
+
+    def read_lengths(self) -> tuple[int, int, bool]:
+        """(tokens in the longest sequence, columns every sequence has settled, whether any
+        sequence still runs); waits for the device. Without speculative decoding the two
+        lengths are one."""
+        values = self.scalars.tolist()
+        return values[CUR], values[SETTLED], bool(values[RUNNING])
 
 
 class Program:
@@ -121,6 +135,10 @@ class Program:
             if state.ids.device.type == "cuda" else contextlib.nullcontext)
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
+        #: With speculative decoding, each row's write position (a per-row cache), else None.
+        self.row_starts = _row_cache.row_starts(cache)
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype  # what an additive mask is made in
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
         # The decode step, compiled by Inductor (no CUDA graphs of its own: the generator
@@ -144,9 +162,31 @@ class Program:
             if speculative is not None else None
 
     def cache_counters(self) -> list[torch.Tensor]:
-        """Every cache write counter a decode step moves: the model's, and a draft model's."""
-        draft = self.speculator.draft if self.speculator is not None else None
-        return self.counters + (draft.counters if draft is not None else [])
+        """Every cache write position a decode step moves: the model's, and a draft model's
+        (their per-row positions with speculative decoding)."""
+        programs = [self]
+        if self.speculator is not None and self.speculator.draft is not None:
+            programs.append(self.speculator.draft)
+        return [t for p in programs for t in
+                [*p.counters, *([p.row_starts] if p.row_starts is not None else [])]]
+
+    def warm_up(self, dummy: torch.Tensor, rows: int, body: Callable[[], None]) -> None:
+        """``body`` (a prefill or a decode step) run once on the ``dummy`` prompt, before its
+        capture: shorter than the cache, every write position at its start (a draft
+        model's and the rows' lengths too: left where the last call ended, the writes would
+        run past the cache's end), so that the warm-up writes inside the cache and every
+        value it writes there is finite. A warm-up step is not a step of any call: the
+        speculative counts stay as they were."""
+        self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
+        _tensors.foreach_zero(self.cache_counters())
+        speculator = self.speculator
+        if speculator is None:
+            body()
+            return
+        speculator.restart(rows)
+        counts = speculator.counts.clone()
+        body()
+        speculator.counts.copy_(counts)
 
     def view(self, rows: int, length: int) -> Any:
         """The cache over the first ``rows`` sequences and ``length`` positions."""
@@ -170,13 +210,16 @@ class Program:
             logits = logits.index_select(1, index)
         return logits[:, -1]
 
-    def forward_all(self, view: Any, ids: torch.Tensor, positions: torch.Tensor
-                    ) -> torch.Tensor:
+    def forward_all(self, view: Any, ids: torch.Tensor, positions: torch.Tensor,
+                    masks: Any = None) -> torch.Tensor:
         """The model on ``ids`` over ``view``: the logits at every position,
-        ``(rows, positions, vocab)``."""
+        ``(rows, positions, vocab)``. ``masks``: prepared masks (a per-row cache's), else
+        the state's 2-D mask."""
         rows, length = ids.shape[0], _transformers.view_length(view)
         kwargs = {"logits_to_keep": 0} if self.keeps_logits else {}  # 0: every position
-        return self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
+        if masks is None:
+            masks = self.state.mask[:rows, :length]
+        return self.model(input_ids=ids, attention_mask=masks,
                           position_ids=positions, past_key_values=view, use_cache=True,
                           **kwargs).logits
 
@@ -185,6 +228,8 @@ class Program:
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.counters)
+        if self.row_starts is not None:  # a per-row cache writes the prompt from 0 too
+            self.row_starts.zero_()
         if self.sampler is not None:
             self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]

@@ -26,7 +26,6 @@ import torch
 from cugraphrt import Graph, MemPool
 from cugraphrt.errors import OptionsError
 
-from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from ..capture import _torch
 from ..capture.capture import warmed_graph
@@ -68,10 +67,10 @@ class GeneratorStats:
         Device memory of the KV cache (and a draft model's) and the generator's state
         tensors.
     speculative_steps : int
-        With ``speculative``: the verify forwards run so far (each drafted and checked
-        ``speculative.tokens`` tokens).
+        With ``speculative``: the row-steps run so far (a verify forward counts once for
+        each row still generating; each drafted and checked ``speculative.tokens`` tokens).
     speculative_tokens : int
-        The tokens those steps kept (1 to ``tokens + 1`` each): the acceptance rate is
+        The tokens those row-steps kept (1 to ``tokens + 1`` each): the acceptance rate is
         ``(speculative_tokens - speculative_steps) / (speculative_steps * tokens)``.
     """
 
@@ -139,9 +138,10 @@ class Generator:
     speculative : PromptLookup or DraftModel, optional
         Speculative greedy decoding: each step drafts ``speculative.tokens`` tokens (by
         prompt lookup from the sequence so far, or with a draft model), verifies them in one
-        forward and keeps the longest prefix greedy decoding agrees with, inside the decode
-        loop (docs/generation.md, "Speculative decoding"). Not with ``sampling`` or
-        ``compile_step``.
+        forward and keeps, in each row, the longest prefix greedy decoding agrees with,
+        inside the decode loop (docs/generation.md, "Speculative decoding"). Not with
+        ``sampling`` or ``compile_step``; the model (and a draft) with ``sdpa`` or ``eager``
+        attention.
 
     Raises
     ------
@@ -181,12 +181,15 @@ class Generator:
                 raise OptionsError("model", f"a model on {self.device}",
                                    "a model on a CUDA device (or graphed=False)")
             _torch.require_cuda("cugraphrt_torch.Generator")
-        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device)
+        # Speculative decoding keeps a write position per row (rows keep different counts).
+        per_row = self.speculative is not None
+        self._cache = static_cache(model, capacity, self.batch_buckets[-1], self.device,
+                                   per_row)
         self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
         self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
         draft_cache = static_cache(self.speculative.model, capacity, self.batch_buckets[-1],
-                                   self.device) \
+                                   self.device, per_row) \
             if isinstance(self.speculative, DraftModel) else None
         self._program = Program(model, self.state, self._cache,
                                 step_numerics(opts.compile_step),
@@ -258,19 +261,25 @@ class Generator:
         if self._sampler is not None:
             self._sampler.stage(settings, input_ids)
         prefill()
-        length, running = state.read()
+        # ``length``: the longest sequence (the cache bucket's need); ``settled``: the
+        # columns every sequence has (they differ with speculative decoding's rows).
+        length, settled, running = self._read()
         seen = prompt
         while True:
-            if callback is not None and length > seen:
-                if callback(state.ids[:batch, seen:length].clone()):
+            if callback is not None and settled > seen:
+                if callback(state.ids[:batch, seen:settled].clone()):
                     break
-            seen = length
+            seen = settled
             if not running:
                 break
             # The next step feeds the token at position length - 1.
             chunks[self._cache_bucket(length + self._room)]()
-            length, running = state.read()
-        return state.ids[:batch, :length].clone()
+            length, settled, running = self._read()
+        return state.ids[:batch, :settled].clone()
+
+    def _read(self) -> tuple[int, int, bool]:
+        length, settled, running = self.state.read_lengths()
+        return length, settled if self._room else length, running
 
     @torch.no_grad()
     def capture(self, batch_size: int, prompt_length: int) -> None:
@@ -360,17 +369,8 @@ class Generator:
 
         def warm_up() -> None:
             # Kernels, library handles and workspaces for the capture stream, from the
-            # generator's pool (warmed_graph). The dummy prompt (shorter than the cache,
-            # counters at 0) keeps the warm-up's writes inside the cache and every value it
-            # writes there finite. A draft model's counters too: left where the last call
-            # ended, its writes would run past the cache's end.
-            self.state.stage(dummy, torch.ones_like(dummy), rows, 1, 0, [])
-            _tensors.foreach_zero(self._program.cache_counters())
-            speculator = self._program.speculator
-            counts = speculator.counts.clone() if speculator is not None else None
-            (warm or body)()
-            if speculator is not None and counts is not None:  # not a step of any call
-                speculator.counts.copy_(counts)
+            # generator's pool (warmed_graph), on a dummy prompt (Program.warm_up).
+            self._program.warm_up(dummy, rows, warm or body)
 
         cuda_graph = Graph()
         # One cuBLAS workspace per stream for all of them: they never run at once.
