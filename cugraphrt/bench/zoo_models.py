@@ -203,6 +203,9 @@ def _hf_builder(model_type: str, auto: str, kind: str) -> Callable:
         config = _tiny_config(model_type)
         with torch.device("cuda"):
             model = getattr(transformers, auto).from_config(config).eval()
+        # Some parameters are made by the legacy torch.Tensor(n) constructor, which ignores
+        # the default device (wav2vec2's masked_spec_embed): move what was left behind.
+        model.to("cuda")
         gen = torch.Generator("cuda").manual_seed(0)
         vocab = int(getattr(getattr(config, "text_config", config), "vocab_size", 256) or 256)
         ids = torch.randint(3, min(vocab, 256), (1, 16), device="cuda", generator=gen)

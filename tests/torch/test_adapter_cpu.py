@@ -140,6 +140,26 @@ def test_graph_module_argument_checks():
         cugraphrt_torch.graph_module(linear, x, strict="yes")
 
 
+def test_static_inputs_copy_an_argument_that_overlaps_an_earlier_one():
+    from cugraphrt_torch.inference.module import _static_inputs
+
+    ids = torch.arange(32).reshape(2, 16)
+    other = torch.ones(3)
+    static = _static_inputs((ids, ids[:, :8], other, ids[1], torch.empty(0)))
+    assert static[0] is ids and static[2] is other  # nothing to copy
+    assert torch.equal(static[1], ids[:, :8])
+    # its own memory: copying a call's second argument in leaves the first alone
+    assert static[1].untyped_storage().data_ptr() != ids.untyped_storage().data_ptr()
+    static[1].fill_(-1)
+    assert torch.equal(ids, torch.arange(32).reshape(2, 16))
+    # row 1 lies inside ids: copied too
+    assert static[3] is not ids[1] and torch.equal(static[3], ids[1])
+    halves = torch.arange(8)
+    first, second = halves[:4], halves[4:]  # one storage, bytes apart: both kept
+    kept = _static_inputs((first, second))
+    assert kept[0] is first and kept[1] is second
+
+
 # -- error translation -------------------------------------------------------------------------
 
 _UNSUPPORTED = ("CUDA error: operation not permitted when stream is capturing\nSearch for "

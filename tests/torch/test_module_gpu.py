@@ -107,6 +107,24 @@ def test_tuple_inputs_and_outputs():
     torch.testing.assert_close(got[1][1], expected[1][1])
 
 
+def test_arguments_that_overlap_at_capture_are_copied_in_apart():
+    """(ids, ids[:, :8]) as sample arguments: each call's two tensors are its own, and
+    copying the second in must not overwrite part of the first (the zoo's encoder-decoders
+    differed from eager by 1.3 before)."""
+
+    class Both(nn.Module):
+        def forward(self, a, b):
+            return a.float().sum(dim=1) * 10 + b.float().mean(dim=1)
+
+    module = Both().cuda()
+    ids = torch.randint(0, 100, (2, 16), device="cuda")
+    graphed = cugraphrt_torch.graph_module(module, (ids, ids[:, :8]), copy_outputs=True)
+    first = torch.randint(0, 100, (2, 16), device="cuda")
+    second = torch.randint(100, 200, (2, 8), device="cuda")
+    torch.testing.assert_close(graphed(first, second), module(first, second),
+                               rtol=0, atol=0)
+
+
 def test_mismatched_call_runs_eagerly_with_one_warning():
     model = nn.Linear(8, 3).cuda().eval()
     graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))

@@ -55,7 +55,9 @@ def test_catalog_and_filter():
 def test_outputs_flatten_in_key_order_and_compare_names_the_difference():
     a, b = torch.ones(2), torch.zeros(3)
     assert zoo_models.flatten_outputs(torch, {"z": a, "a": [b, (a,)]}) == (b, a, a)
-    assert workloads_zoo._compare(torch, (a, b), (a.clone(), b.clone())) == 1.0
+    assert workloads_zoo._compare(torch, (a, b), (a.clone(), b.clone())) is True
+    # within float32 rounding (transformers' other path under capture): equal, not to the bit
+    assert workloads_zoo._compare(torch, (a + 1e-7, b), (a, b)) is False
     with pytest.raises(RuntimeError, match=r"largest difference 0\.5"):
         workloads_zoo._compare(torch, (a,), (a - 0.5,))
     with pytest.raises(RuntimeError, match=r"shape \(3,\), eager's \(2,\)"):
@@ -108,6 +110,8 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
     assert hostread["cugraphrt_pieces"].median == 0.5  # the fraction of pieces graphed
     total = rows[workloads_zoo.TOTAL]
     assert [total[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
+    bits = rows[workloads_zoo.BITS]  # the stand-ins run eager's own kernels: equal to the bit
+    assert [bits[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
 
 
 def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkeypatch):
@@ -125,6 +129,8 @@ def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkey
     assert "- `hostread`: in pieces (50% of its pieces graphed); whole: RuntimeError: " \
            "`float(y.sum())` cannot be captured" in page
     assert "`fine`" not in page  # graphed whole: not listed
+    assert "Equal to eager bit for bit: runs eagerly 2, torch.cuda.graph 2, graph_module " \
+           "whole 1, whole or in pieces 2." in page
     assert "- `cugraphrt` / `eager` = 0.500 (>= 0.90): MISS" in page
     with pytest.raises(ValueError, match="no zoo rows"):
         coverage.render(report.model_copy(update={"rows": []}))

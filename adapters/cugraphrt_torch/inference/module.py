@@ -49,8 +49,10 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
                  pieces: bool = False) -> GraphedModule | BucketedModule | PiecewiseModule:
     """Capture ``module(*sample_args)`` without autograd and return a callable replaying it.
 
-    The sample tensors become the graph's static inputs. Each call copies its tensors into
-    them (no copy for a tensor that already is the static input, by ``data_ptr``), replays
+    The sample tensors become the graph's static inputs (a copy of one that overlaps an
+    earlier one, such as ``(ids, ids[:, :8])``, so that each argument is copied into memory of
+    its own). Each call copies its tensors into them (no copy for a tensor that already is
+    the static input, by ``data_ptr``), replays
     the graph with torch's own ``CUDAGraph.replay()`` on torch's current stream, and returns
     the static outputs.
 
@@ -138,8 +140,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
         if pool is not None and not isinstance(pool, MemPool):
             raise OptionsError("pool", pool, "a cugraphrt.MemPool or None")
         with torch.inference_mode(False):
-            # Inference tensors cannot be written outside inference mode: own plain copies.
-            own = tuple(a.clone() if a.is_inference() else a for a in args)
+            own = _static_inputs(args)
         return BucketedModule(
             module, own, device,
             num_warmup_iters=options.num_warmup_iters,
@@ -148,8 +149,7 @@ def graph_module(module: torch.nn.Module, sample_args, *, pool: MemPool | None =
             check_outputs=options.check_outputs, inputs=inputs)
     with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
             cupy.cuda.Device(device):
-        # Inference tensors cannot be written outside inference mode: own plain copies.
-        static = tuple(a.clone() if a.is_inference() else a for a in args)
+        static = _static_inputs(args)
         versions = _tensors.versions(static)  # what rebinding copies back (inputs="rebind")
         capture, outputs = capture_module(Graph, pool, module, static, options.num_warmup_iters)
         written = _tensors.moved(static, versions) if inputs == "rebind" else None
@@ -173,6 +173,35 @@ def _sample_tuple(sample_args) -> tuple:
                                "CUDA tensors only; bind other arguments with "
                                "functools.partial or a wrapper module")
     return tuple(args)
+
+
+def _static_inputs(args: tuple) -> tuple:
+    """The graph's static inputs: the sample tensors themselves, but a copy of one that is an
+    inference tensor (those cannot be written outside inference mode) or that overlaps an
+    earlier one (``(ids, ids[:, :8])``: copying a call's second argument in would overwrite
+    part of its first). Call under ``torch.inference_mode(False)``."""
+    static: list[_Tensor] = []
+    spans: list[tuple[int, int, int]] = []
+    for a in args:
+        span = _span(a)
+        overlaps = span is not None and any(
+            span[0] == s[0] and span[1] < s[2] and s[1] < span[2] for s in spans)
+        static.append(a.clone() if a.is_inference() or overlaps else a)
+        if span is not None:
+            spans.append(span)
+    return tuple(static)
+
+
+def _span(tensor: _Tensor) -> tuple[int, int, int] | None:
+    """(storage address, first byte, one past the last byte) of what ``tensor`` can reach;
+    None when it is empty."""
+    if tensor.numel() == 0:
+        return None
+    extent = sum((size - 1) * stride
+                 for size, stride in zip(tensor.shape, tensor.stride(), strict=True))
+    start = tensor.data_ptr()
+    return (tensor.untyped_storage().data_ptr(), start,
+            start + (extent + 1) * tensor.element_size())
 
 
 def _sample_device(module: torch.nn.Module, args: tuple) -> int:
