@@ -146,6 +146,33 @@ def test_report_of_a_piece_that_runs_eagerly():
     assert "is on cpu" in table.splitlines()[1]
 
 
+def test_aot_eager_keeps_eagers_upsampling_and_puts_torchs_kernels_back():
+    """torch._decomp traces bilinear upsampling as pointwise ops that round otherwise (~1e-6
+    from eager); the aot_eager compiler keeps eager's op, forward and backward, and leaves
+    torch's Python kernels as it found them."""
+    import torch.nn.functional as F
+
+    op = torch.ops.aten.upsample_bilinear2d.vec
+    before = dict(op.py_kernels)
+
+    def f(image):
+        return F.interpolate(image, scale_factor=2.5, mode="bilinear",
+                             recompute_scale_factor=True, align_corners=False)
+
+    compiled = torch.compile(f, backend=dynamo.backend, options={"compiler": "aot_eager"})
+    x = torch.rand(1, 3, 37, 41)
+    with torch.no_grad():
+        assert torch.equal(compiled(x), f(x))
+    assert dict(op.py_kernels) == before and before  # torch's own kernels are back
+    torch._dynamo.reset()
+    leaf = x.clone().requires_grad_()
+    compiled(leaf).square().sum().backward()
+    graphed_grad = leaf.grad
+    leaf.grad = None
+    f(leaf).square().sum().backward()
+    assert torch.equal(graphed_grad, leaf.grad)
+
+
 def test_strict_raises_for_a_piece_that_cannot_be_captured():
     compiled = torch.compile(lambda x: x + 1, backend=dynamo.backend,
                              options={"compiler": "aot_eager", "strict": True})
