@@ -61,8 +61,8 @@ class PiecewiseModule:
                 self._compiled(*sample_args)
         self._pieces = [piece for piece in live_aot_graphs() if id(piece) not in before]
         # Dynamo keeps compiled code, and the pieces in it, for the life of the process:
-        # their graphs and memory go when this module goes.
-        weakref.finalize(self, _release, self._pieces)
+        # their graphs and memory go when this module goes (at exit the driver frees them).
+        weakref.finalize(self, _release, self._pieces).atexit = False
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
