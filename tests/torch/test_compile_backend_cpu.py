@@ -173,6 +173,18 @@ def test_aot_eager_keeps_eagers_upsampling_and_puts_torchs_kernels_back():
     assert torch.equal(graphed_grad, leaf.grad)
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_aot_eager_keeps_eagers_matmul_of_a_vector_and_a_batch(dynamic):
+    """torch._decomp's matmul sums a vector times a batch of matrices in another order
+    (~6e-6 from eager on the CPU); the aot_eager compiler keeps eager's, sizes dynamic too."""
+    compiled = torch.compile(lambda a, b: a @ b, backend=dynamo.backend, dynamic=dynamic,
+                             options={"compiler": "aot_eager"})
+    for batch in (3, 5, 7):
+        a, b = torch.randn(53), torch.randn(batch, 53, 29)
+        with torch.no_grad():
+            assert torch.equal(compiled(a, b), a @ b)
+
+
 def test_strict_raises_for_a_piece_that_cannot_be_captured():
     compiled = torch.compile(lambda x: x + 1, backend=dynamo.backend,
                              options={"compiler": "aot_eager", "strict": True})

@@ -159,15 +159,16 @@ def own_forward(module: Any) -> Callable | None:
 
 
 #: Ops that ``torch._decomp`` decomposes while AOTAutograd traces, through a Python kernel
-#: for the Autograd or CompositeImplicitAutograd key (torch 2.11 to 2.14), though eager runs
-#: one kernel: upsampling (its coordinates computed in another order, ~1e-6 apart).
+#: for the Autograd or CompositeImplicitAutograd key (torch 2.11 to 2.14), otherwise than
+#: eager's C++ does: upsampling (its coordinates computed in another order, ~1e-6 apart) and
+#: ``matmul`` (a vector times a batch of matrices: another reduction order).
 _EAGER_COMPOSITES = tuple(
     f"{name}.{overload}" for name in (
         "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
         "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
         "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
         "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
-    for overload in ("default", "vec"))
+    for overload in ("default", "vec")) + ("matmul.default",)
 
 
 @contextlib.contextmanager
