@@ -137,7 +137,6 @@ class Program:
         self.counters = _transformers.write_counters(cache)
         #: With speculative decoding, each row's write position (a per-row cache), else None.
         self.row_starts = _row_cache.row_starts(cache)
-        self.config = model.config
         self.dtype = next(model.parameters()).dtype  # what an additive mask is made in
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
@@ -161,14 +160,18 @@ class Program:
         self.speculator = Speculator(self, speculative, draft) \
             if speculative is not None else None
 
+    def write_positions(self) -> list[torch.Tensor]:
+        """This program's cache write positions: its layers' counters, and a per-row cache's
+        row starts."""
+        return [*self.counters, *([self.row_starts] if self.row_starts is not None else [])]
+
     def cache_counters(self) -> list[torch.Tensor]:
         """Every cache write position a decode step moves: the model's, and a draft model's
         (their per-row positions with speculative decoding)."""
         programs = [self]
         if self.speculator is not None and self.speculator.draft is not None:
             programs.append(self.speculator.draft)
-        return [t for p in programs for t in
-                [*p.counters, *([p.row_starts] if p.row_starts is not None else [])]]
+        return [t for p in programs for t in p.write_positions()]
 
     def warm_up(self, dummy: torch.Tensor, rows: int, body: Callable[[], None]) -> None:
         """``body`` (a prefill or a decode step) run once on the ``dummy`` prompt, before its
@@ -227,9 +230,7 @@ class Program:
         """The prompt (right-padded to ``prompt_bucket``) through the model, attending over
         ``length`` cache positions, then the first token."""
         state = self.state
-        _tensors.foreach_zero(self.counters)
-        if self.row_starts is not None:  # a per-row cache writes the prompt from 0 too
-            self.row_starts.zero_()
+        _tensors.foreach_zero(self.write_positions())  # a per-row cache's from 0 too
         if self.sampler is not None:
             self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]

@@ -189,8 +189,8 @@ class Speculator:
 
     def _masks(self, program: Any, rows: int, length: int, start: torch.Tensor,
                queries: int) -> Any:
-        return _row_cache.row_masks(program.config, program.state.mask[:rows, :length], start,
-                                    queries, program.dtype)
+        return _row_cache.row_masks(program.model.config, program.state.mask[:rows, :length],
+                                    start, queries, program.dtype)
 
     def _draft(self, rows: int, length: int) -> torch.Tensor:
         """``(rows, tokens)`` greedy drafts of the draft model, one forward each over its
@@ -226,5 +226,5 @@ class Speculator:
         mask = state.mask[:rows, :prompt_bucket]
         positions = (mask.cumsum(-1) - 1).masked_fill_(mask == 0, 0)
         # Its masks read its counters: 0 for a prompt from the start.
-        _tensors.foreach_zero([*draft.counters, draft.row_starts])
+        _tensors.foreach_zero(draft.write_positions())
         draft.forward_all(draft.view(rows, length), state.ids[:rows, :prompt_bucket], positions)
