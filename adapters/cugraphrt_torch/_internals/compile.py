@@ -168,13 +168,19 @@ _EAGER_COMPOSITES = tuple(
         "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
         "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
         "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
-    for overload in ("default", "vec")) + ("matmul.default",)
+    for overload in ("default", "vec"))
+
+#: Set aside only for graphs of static sizes: torch 2.11's C++ ``matmul`` reads ``numel()``,
+#: which a tensor of symbolic sizes refuses (torch 2.13's does not), so under dynamic shapes
+#: ``matmul`` keeps torch._decomp's trace and its reduction order.
+_EAGER_COMPOSITES_STATIC = ("matmul.default",)
 
 
 @contextlib.contextmanager
-def eager_composites() -> Iterator[None]:
-    """Inside, AOTAutograd traces the ops of :data:`_EAGER_COMPOSITES` as eager runs them:
-    their Python kernels (``OpOverload.py_kernels`` for ``DispatchKey.Autograd`` and
+def eager_composites(symbolic_sizes: bool = False) -> Iterator[None]:
+    """Inside, AOTAutograd traces the ops of :data:`_EAGER_COMPOSITES` (and, unless
+    *symbolic_sizes*, of :data:`_EAGER_COMPOSITES_STATIC`) as eager runs them: their Python
+    kernels (``OpOverload.py_kernels`` for ``DispatchKey.Autograd`` and
     ``CompositeImplicitAutograd``, registered by ``torch._decomp``) are set aside, so the
     dispatcher takes the C++ path eager takes. Restored on exit; every thread sees the change
     meanwhile (a compilation elsewhere then also keeps eager's op)."""
@@ -183,7 +189,8 @@ def eager_composites() -> Iterator[None]:
 
     keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
     hidden: list[tuple[Any, Any, Callable]] = []
-    for qualified in _EAGER_COMPOSITES:
+    ops = _EAGER_COMPOSITES + (() if symbolic_sizes else _EAGER_COMPOSITES_STATIC)
+    for qualified in ops:
         name, overload = qualified.rsplit(".", 1)
         packet = getattr(torch.ops.aten, name, None)
         op = getattr(packet, overload, None) if packet is not None else None
