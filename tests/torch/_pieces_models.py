@@ -18,3 +18,13 @@ class HostRead(torch.nn.Module):
         y = self.first(x).relu()
         scale = 2.0 if float(y.sum()) > 0 else 3.0  # a host read: a graph break
         return self.second(y) * scale
+
+
+class Broken(HostRead):
+    """HostRead's layers around a statement dynamo does not trace (a graph break that, unlike
+    HostRead's, depends on no value): two pieces, compiled once per module."""
+
+    def forward(self, x):
+        y = self.first(x).relu()
+        torch._dynamo.graph_break()
+        return self.second(y)

@@ -15,7 +15,8 @@ from typing import Any
 __all__ = ["inductor_config", "has_division_rounding", "select_decomp_table",
            "lowering_table", "fallback_handler", "compile_fx", "compile_fx_inner",
            "recompile_limit", "dynamo_disable", "aot_autograd", "make_boxed_func",
-           "tracing_context", "no_autograd_cache", "own_code"]
+           "tracing_context", "no_autograd_cache", "own_code", "own_forward",
+           "eager_composites"]
 
 
 def inductor_config() -> Any:
@@ -135,3 +136,82 @@ def own_code(method: Callable) -> Callable:
     own = types.FunctionType(func.__code__.replace(), func.__globals__, func.__name__,
                              func.__defaults__, func.__closure__)
     return types.MethodType(own, method.__self__)  # type: ignore[attr-defined]
+
+
+def own_forward(module: Any) -> Callable | None:
+    """``module.forward`` through :func:`own_code`, where calling the module is calling its
+    forward: no forward or backward hooks of its own (``Module._forward_hooks`` and the
+    others) or global ones (``torch.nn.modules.module._global_forward_hooks`` and the others;
+    torch 2.0 to 2.14), and a forward that is a method. None otherwise."""
+    from torch.nn.modules import module as nn_module
+
+    forward = getattr(module, "forward", None)
+    if not isinstance(forward, types.MethodType):
+        return None
+    tables = [getattr(module, name, None) for name in (
+        "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")]
+    tables += [getattr(nn_module, name, None) for name in (
+        "_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+        "_global_backward_pre_hooks")]
+    if any(table is None or table for table in tables):  # a hook, or a table torch renamed
+        return None
+    return own_code(forward)
+
+
+#: Ops that ``torch._decomp`` decomposes while AOTAutograd traces, through a Python kernel
+#: for the Autograd or CompositeImplicitAutograd key (torch 2.11 to 2.14), otherwise than
+#: eager's C++ does: upsampling (its coordinates computed in another order, ~1e-6 apart) and
+#: ``matmul`` (a vector times a batch of matrices: another reduction order).
+_EAGER_COMPOSITES = tuple(
+    f"{name}.{overload}" for name in (
+        "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d",
+        "_upsample_nearest_exact1d", "_upsample_nearest_exact2d", "_upsample_nearest_exact3d",
+        "upsample_linear1d", "upsample_bilinear2d", "upsample_trilinear3d",
+        "upsample_bicubic2d", "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
+    for overload in ("default", "vec"))
+
+#: Set aside only for graphs of static sizes: torch 2.11's C++ ``matmul`` reads ``numel()``,
+#: which a tensor of symbolic sizes refuses (torch 2.13's does not), so under dynamic shapes
+#: ``matmul`` keeps torch._decomp's trace and its reduction order.
+_EAGER_COMPOSITES_STATIC = ("matmul.default",)
+
+
+@contextlib.contextmanager
+def eager_composites(symbolic_sizes: bool = False) -> Iterator[None]:
+    """Inside, AOTAutograd traces the ops of :data:`_EAGER_COMPOSITES` (and, unless
+    *symbolic_sizes*, of :data:`_EAGER_COMPOSITES_STATIC`) as eager runs them: their Python
+    kernels (``OpOverload.py_kernels`` for ``DispatchKey.Autograd`` and
+    ``CompositeImplicitAutograd``, registered by ``torch._decomp``) are set aside, so the
+    dispatcher takes the C++ path eager takes. Restored on exit; every thread sees the change
+    meanwhile (a compilation elsewhere then also keeps eager's op)."""
+    import torch
+    from torch._C import DispatchKey
+
+    keys = (DispatchKey.Autograd, DispatchKey.CompositeImplicitAutograd)
+    hidden: list[tuple[Any, Any, Callable]] = []
+    ops = _EAGER_COMPOSITES + (() if symbolic_sizes else _EAGER_COMPOSITES_STATIC)
+    for qualified in ops:
+        name, overload = qualified.rsplit(".", 1)
+        packet = getattr(torch.ops.aten, name, None)
+        op = getattr(packet, overload, None) if packet is not None else None
+        kernels = getattr(op, "py_kernels", None)
+        if not isinstance(kernels, dict):
+            continue
+        for key in keys:
+            if key in kernels:
+                hidden.append((op, key, kernels.pop(key)))
+    _clear_dispatch_caches(op for op, _, _ in hidden)
+    try:
+        yield
+    finally:
+        for op, key, kernel in hidden:
+            op.py_kernels[key] = kernel
+        _clear_dispatch_caches(op for op, _, _ in hidden)
+
+
+def _clear_dispatch_caches(ops: Any) -> None:
+    # An OpOverload caches the kernel it resolved per key (``_dispatch_cache``).
+    for op in ops:
+        cache = getattr(op, "_dispatch_cache", None)
+        if isinstance(cache, dict):
+            cache.clear()

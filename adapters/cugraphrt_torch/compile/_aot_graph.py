@@ -183,6 +183,7 @@ class AotGraph:
         self._check: OutputCheck | None = None
         self._buckets = buckets  # serves the sizes its buckets fit; the rest: per shape
         self._bucket_note = bucket_note
+        self._released = False  # by its owner: left out of live_aot_graphs() until it records
         self._bucket_warm = 0
         _register(self)
 
@@ -263,6 +264,17 @@ class AotGraph:
 
     def _give_up(self, reason: str) -> None:
         self._reason = reason
+        self._drop_recordings()
+
+    def release(self) -> None:
+        """Drop every recording and bucket graph, and the memory they hold; a later call
+        warms up and records again. For an owner that goes while dynamo keeps its compiled
+        code, and the pieces in it, for the life of the process (a PiecewiseModule)."""
+        self._released = True
+        self._warm.clear()
+        self._drop_recordings()
+
+    def _drop_recordings(self) -> None:
         recordings, self._recordings = self._recordings, {}
         for rec in recordings.values():
             rec.graph.reset()
@@ -315,6 +327,7 @@ class AotGraph:
                           stacklevel=4)
             return self._eager(args)
         self._recordings[key] = rec
+        self._released = False
         self._replays += 1
         return rec.path(args)  # a capture records work without running it: replay now
 
@@ -422,6 +435,8 @@ def _register(piece: AotGraph) -> None:
 
 
 def live_aot_graphs() -> list[AotGraph]:
-    """Pieces still in use (compiled code dynamo keeps), in the order they were compiled."""
+    """Pieces still in use (compiled code dynamo keeps, not released by an owner that went),
+    in the order they were compiled."""
     with _lock:
-        return [piece for piece in (ref() for ref in _registry) if piece is not None]
+        pieces = [piece for piece in (ref() for ref in _registry) if piece is not None]
+    return [piece for piece in pieces if not piece._released]

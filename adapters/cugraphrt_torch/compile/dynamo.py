@@ -168,7 +168,12 @@ class _DynamoGraph:
                                     bw_compiler=compiler("backward"),
                                     inference_compiler=compiler("inference"),
                                     keep_inference_input_mutations=True)
-        with _compile.no_autograd_cache():
+        # Eager's kernels means eager's ops too: torch._decomp would otherwise trace
+        # upsampling as a dozen pointwise ops that round differently (detection models in
+        # pieces then kept other boxes than eager). Dynamo passes a symbolic size as a SymInt
+        # input.
+        symbolic = any(isinstance(value, torch.SymInt) for value in example_inputs)
+        with _compile.no_autograd_cache(), _compile.eager_composites(symbolic):
             return aot(gm, example_inputs)
 
     def piece(self, compiled, graph, inputs, kind: str, static) -> AotGraph:

@@ -12,14 +12,19 @@ statements between them eagerly.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
+from .._internals import compile as _compile
 from ..compile._aot_graph import AotGraphReport, live_aot_graphs
 from ..compile.dynamo import backend
 
 __all__ = ["PiecewiseModule"]
+
+#: Compilations per code object allowed while a PiecewiseModule compiles its sample call.
+_RECOMPILES = 256
 
 
 class PiecewiseModule:
@@ -41,13 +46,23 @@ class PiecewiseModule:
         before = {id(piece) for piece in live_aot_graphs()}
         # Eager's kernels (aot_eager), outputs copied: each call's results are its own and
         # equal eager's. warmup: eager runs of each piece before its capture.
+        # The module's forward on a code object of its own where no hook needs the module's
+        # __call__: dynamo keeps its compilations per code object, and with another module
+        # of the class sharing them, each would re-record the other's pieces (their
+        # parameters lie elsewhere) and report none of its own.
         self._compiled = torch.compile(
-            module, backend=backend, dynamic=False,
+            _compile.own_forward(module) or module, backend=backend, dynamic=False,
             options={"compiler": "aot_eager", "warmup": max(1, num_warmup_iters)})
-        with torch.no_grad():
+        # Dynamo keeps compilations per code object and, past its recompile limit (8), runs a
+        # frame eagerly for good: every module of one class shares its forward's code, so
+        # the ninth graph_module(..., pieces=True) of a class would graph nothing.
+        with torch.no_grad(), _compile.recompile_limit(_RECOMPILES):
             for _ in range(max(1, num_warmup_iters) + 2):  # warm-ups, the capture, a replay
                 self._compiled(*sample_args)
         self._pieces = [piece for piece in live_aot_graphs() if id(piece) not in before]
+        # Dynamo keeps compiled code, and the pieces in it, for the life of the process:
+        # their graphs and memory go when this module goes (at exit the driver frees them).
+        weakref.finalize(self, _release, self._pieces).atexit = False
 
     def __call__(self, *args: Any) -> Any:
         with torch.no_grad():
@@ -68,3 +83,8 @@ class PiecewiseModule:
         graphed = sum(r.graphed for r in reports)
         return (f"<cugraphrt_torch.PiecewiseModule of {type(self.module).__name__}: "
                 f"{graphed} of {len(reports)} pieces graphed>")
+
+
+def _release(pieces: list) -> None:
+    for piece in pieces:
+        piece.release()
