@@ -15,6 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from .records import BenchReport
+from .workloads_zoo import SHARE
 
 __all__ = ["render", "main"]
 
@@ -75,7 +76,9 @@ def render(report: BenchReport) -> str:
                                      f"({notes.get((model, 'eager'), 'no reason recorded')})")
             continue
         pieces = values.get((model, "cugraphrt_pieces"))
-        how = (f"in pieces ({pieces:.0%} of its pieces graphed)" if pieces else
+        share = values.get((f"{model}{SHARE}", "cugraphrt_pieces"))  # runs from 2026-11-29 on
+        kernels = "" if share is None else f", {share:.0%} of its kernel time in graphs"
+        how = (f"in pieces ({pieces:.0%} of its pieces graphed{kernels})" if pieces else
                f"not in pieces either ({notes.get((model, 'cugraphrt_pieces'), '?')})")
         by_family[family].append(f"- `{name}`: {how}; whole: "
                                  f"{notes.get((model, 'cugraphrt'), 'no reason recorded')}")

@@ -11,6 +11,8 @@ heads as heads. Each architecture keeps what sets it apart from Llama:
 * ``mistral``: a sliding window on every layer;
 * ``gemma2``: sliding and full layers alternating;
 * ``mixtral``: a mixture of experts (4 experts, 2 per token);
+* ``qwen3_moe``: Qwen3's attention and a mixture of experts (4 experts of width ``hidden``,
+  2 per token) on every layer;
 * ``gpt_oss``: alternating sliding and full layers, attention sinks, a mixture of experts.
 
 ``window`` is the sliding window, in tokens, of the architectures that have one: set below
@@ -28,7 +30,8 @@ from typing import Any
 
 __all__ = ["ARCHITECTURES", "WINDOWED", "causal_lm", "tensor_parallel"]
 
-ARCHITECTURES = ("llama", "qwen3", "gemma3", "mistral", "gemma2", "mixtral", "gpt_oss")
+ARCHITECTURES = ("llama", "qwen3", "gemma3", "mistral", "gemma2", "mixtral", "qwen3_moe",
+                 "gpt_oss")
 #: The architectures with sliding-window layers.
 WINDOWED = ("gemma3", "mistral", "gemma2", "gpt_oss")
 
@@ -67,6 +70,10 @@ def causal_lm(arch: str, *, layers: int = 2, hidden: int = 64, vocab: int = 512,
     elif arch == "mixtral":
         model = transformers.MixtralForCausalLM(transformers.MixtralConfig(
             head_dim=head_dim, **experts, **common))
+    elif arch == "qwen3_moe":
+        model = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(
+            head_dim=head_dim, num_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=hidden, **common))
     else:
         common["intermediate_size"] = hidden  # per expert
         model = transformers.GptOssForCausalLM(transformers.GptOssConfig(

@@ -42,6 +42,7 @@ def _workloads() -> tuple[Workload, ...]:
     from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
     from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
     from .workloads_generate import GENERATE
+    from .workloads_moe import MOE_STEP
     from .workloads_rebind import REBIND
     from .workloads_sampled import GENERATE_SAMPLED
     from .workloads_serving import SERVING
@@ -53,7 +54,7 @@ def _workloads() -> tuple[Workload, ...]:
     return (REPLAY, CHAIN, CUPY_MLP, TORCH_INFER, TORCH_TRAIN, POOL_SHARING, CAPTURE_TIME,
             POOL_ALLOC, SERVING, MANY_SHAPES, CG_TOLERANCE, HF_DECODE, RESNET50,
             DECODE_UNTIL_EOS, GENERATE, GENERATE_SAMPLED, GENERATE_ARCHITECTURES, SPECULATIVE,
-            REBIND, ZOO,
+            REBIND, ZOO, MOE_STEP,
             *_distributed_workloads(), *_real_workloads())
 
 

@@ -7,7 +7,8 @@ eager on a fresh input:
   own, inputs copied into the captured ones;
 * ``cugraphrt``: ``cugraphrt_torch.graph_module(model, inputs)``, whole;
 * ``cugraphrt_pieces``: the same, or where it cannot be whole, ``pieces=True`` (the value is
-  the fraction of pieces graphed).
+  the fraction of pieces graphed; a row beside it, unit ``share``, holds the share of the
+  call's kernel time that ran in graph replays, from torch's profiler).
 
 A system's cell is 1 when its outputs equal eager's within the dtype's rounding
 (``torch.testing.assert_close``'s default tolerances), and an error naming why otherwise (a
@@ -34,11 +35,12 @@ from .spec import Context, RowBuilder, Target, Workload
 from .timing import single
 from .zoo_models import ZooModel, flatten_outputs, zoo_models
 
-__all__ = ["ZOO"]
+__all__ = ["ZOO", "SHARE", "graphed_share"]
 
 SYSTEMS = ("eager", "torch_graph", "cugraphrt", "cugraphrt_pieces")
 OURS = ("cugraphrt", "cugraphrt_pieces")
 TOTAL = "total: models graphed and equal to eager"
+SHARE = ": kernel time in graphs"
 BITS = "bit for bit: models graphed and equal to eager to the bit"
 
 
@@ -58,11 +60,13 @@ def run_zoo(ctx: Context) -> None:
         row = RowBuilder(f"{model.family}: {model.name}", "equal", SYSTEMS, "eager", "cugraphrt")
         family = counts.setdefault(model.family, dict.fromkeys(SYSTEMS, 0.0))
         with torch.no_grad():  # inference, and nothing left switched off for what follows
-            outcome, exact = _graph_four_ways(torch, model, row)
+            outcome, exact, share = _graph_four_ways(torch, model, row)
         for system, value in outcome.items():
             family[system] += value > 0
             bits[system] += system in exact
         ctx.emit(row.build())
+        if share is not None:
+            ctx.emit(share.build())
         gc.collect()
         torch.cuda.empty_cache()
     total = dict.fromkeys(SYSTEMS, 0.0)
@@ -83,10 +87,11 @@ def run_zoo(ctx: Context) -> None:
     ctx.emit(row.build())
 
 
-def _graph_four_ways(torch, model: ZooModel,
-                     row: RowBuilder) -> tuple[dict[str, float], set[str]]:
+def _graph_four_ways(torch, model: ZooModel, row: RowBuilder
+                     ) -> tuple[dict[str, float], set[str], RowBuilder | None]:
     """Each system's value for ``model`` (1: equal to eager; 0: not, its cell an error; the
-    pieces' value is the fraction of pieces graphed), and the systems equal to the bit."""
+    pieces' value is the fraction of pieces graphed), the systems equal to the bit, and for
+    a model graphed in pieces the row of its kernel time in graphs."""
     values = dict.fromkeys(SYSTEMS, 0.0)
     exact: set[str] = set()
     try:
@@ -95,7 +100,7 @@ def _graph_four_ways(torch, model: ZooModel,
     except Exception as exc:  # noqa: BLE001 - reported in the cell, the zoo goes on
         for system in SYSTEMS:
             row.fail(system, exc if system == "eager" else RuntimeError("does not run eagerly"))
-        return values, exact
+        return values, exact, None
     row.set("eager", single(1.0))
     values["eager"] = 1.0
     exact.add("eager")
@@ -112,9 +117,12 @@ def _graph_four_ways(torch, model: ZooModel,
         row.set("cugraphrt_pieces", single(1.0))
         if "cugraphrt" in exact:
             exact.add("cugraphrt_pieces")
-        return values, exact
+        return values, exact, None
+    share = RowBuilder(f"{row.row.metric}{SHARE}", "share", SYSTEMS, "eager",
+                       "cugraphrt_pieces")
     try:
-        got, fraction = _pieces(torch, module, inputs, fresh)
+        graphed, got = _pieces(torch, module, inputs, fresh)
+        fraction = graphed.graphed_fraction()
         if _compare(torch, got, expected) and fraction > 0:
             exact.add("cugraphrt_pieces")
         values["cugraphrt_pieces"] = fraction if fraction > 0 else 0.0
@@ -124,7 +132,13 @@ def _graph_four_ways(torch, model: ZooModel,
             row.fail("cugraphrt_pieces", RuntimeError("no piece is graphed"))
     except Exception as exc:  # noqa: BLE001
         row.fail("cugraphrt_pieces", exc)
-    return values, exact
+        return values, exact, None
+    try:
+        share.set("cugraphrt_pieces", single(_graphed_share(torch, lambda: graphed(*fresh))))
+    except Exception as exc:  # noqa: BLE001 - the profiler's failure, not the model's
+        share.fail("cugraphrt_pieces", exc)
+    share.unavailable_all("only the pieces are measured")
+    return values, exact, share
 
 
 def _eager(torch, module, inputs: tuple) -> tuple[tuple, tuple]:
@@ -172,12 +186,55 @@ def _whole(torch, module, inputs: tuple, fresh: tuple) -> tuple:
     return tuple(t.clone() for t in flatten_outputs(torch, graphed(*fresh)))
 
 
-def _pieces(torch, module, inputs: tuple, fresh: tuple) -> tuple[tuple, float]:
+def _pieces(torch, module, inputs: tuple, fresh: tuple) -> tuple[Any, tuple]:
     from cugraphrt_torch import graph_module
 
     graphed: Any = graph_module(module, inputs, pieces=True)
-    got = tuple(t.clone() for t in flatten_outputs(torch, graphed(*fresh)))
-    return got, graphed.graphed_fraction()
+    return graphed, tuple(t.clone() for t in flatten_outputs(torch, graphed(*fresh)))
+
+
+def _graphed_share(torch, call) -> float:
+    """Of the kernel time of one ``call()`` on the device, the share graph replays ran, from a
+    trace of torch's profiler (:func:`graphed_share`)."""
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    return graphed_share(events)
+
+
+def graphed_share(events: list[dict]) -> float:
+    """Of the kernel time in a Chrome trace's ``events`` (torch's profiler), the share of the
+    kernels a graph launch ran.
+
+    CUPTI gives a kernel the ``correlation`` of the API call that launched it, and every
+    kernel of a graph that of its ``cudaGraphLaunch`` (``cuGraphLaunch`` through the driver).
+    A kernel whose launch the trace lacks counts as not graphed, so the share errs low.
+    """
+    launches = {event["args"]["correlation"] for event in events
+                if event.get("cat") in ("cuda_runtime", "cuda_driver")
+                and "GraphLaunch" in event.get("name", "")
+                and "correlation" in event.get("args", {})}
+    total = graphed = 0.0
+    for event in events:
+        if event.get("cat") == "kernel":
+            took = float(event.get("dur", 0.0))
+            total += took
+            if event.get("args", {}).get("correlation") in launches:
+                graphed += took
+    if total <= 0:
+        raise RuntimeError("the profiler recorded no kernel")
+    return graphed / total
 
 
 def _compare(torch, got: tuple, expected: tuple) -> bool:

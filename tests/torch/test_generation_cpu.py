@@ -231,7 +231,7 @@ def test_mixture_of_experts_models_equal_transformers_generate(arch):
 # -- sliding-window layers -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3", "mistral", "gemma2", "mixtral",
-                                  "gpt_oss"])
+                                  "qwen3_moe", "gpt_oss"])
 def test_bench_architectures_equal_transformers_generate(arch):
     """The architectures of the generate_architectures bench. For those with sliding windows,
     a window of 8 tokens, prompts of up to 19 and 30 new tokens: every sequence crosses the

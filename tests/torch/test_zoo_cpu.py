@@ -89,8 +89,19 @@ def _stand_ins(monkeypatch) -> None:
     monkeypatch.setattr(workloads_zoo, "_torch_graph", lambda torch, m, i, f: tuple(
         zoo_models.flatten_outputs(torch, m(*f))))
     monkeypatch.setattr(workloads_zoo, "_whole", whole)
+    class Pieces:  # half its pieces graphed
+        def __init__(self, module):
+            self.module = module
+
+        def __call__(self, *args):
+            return self.module(*args)
+
+        def graphed_fraction(self):
+            return 0.5
+
     monkeypatch.setattr(workloads_zoo, "_pieces", lambda torch, m, i, f: (
-        zoo_models.flatten_outputs(torch, m(*f)), 0.5))
+        Pieces(m), zoo_models.flatten_outputs(torch, m(*f))))
+    monkeypatch.setattr(workloads_zoo, "_graphed_share", lambda torch, call: (call(), 0.75)[1])
 
 
 def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
@@ -108,10 +119,34 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
     assert isinstance(hostread["cugraphrt"], Failed)
     assert "cannot be captured" in hostread["cugraphrt"].message
     assert hostread["cugraphrt_pieces"].median == 0.5  # the fraction of pieces graphed
+    share = rows["fake family: hostread" + workloads_zoo.SHARE]  # in pieces only
+    assert share["cugraphrt_pieces"].median == 0.75
+    assert all(not isinstance(share[s], Summary) for s in workloads_zoo.SYSTEMS[:3])
+    assert "fake family: fine" + workloads_zoo.SHARE not in rows
     total = rows[workloads_zoo.TOTAL]
     assert [total[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
     bits = rows[workloads_zoo.BITS]  # the stand-ins run eager's own kernels: equal to the bit
     assert [bits[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
+
+
+def test_the_graphed_share_counts_the_kernels_of_graph_launches_by_correlation():
+    """A Chrome trace as torch's profiler writes it: two kernels of one cudaGraphLaunch, one
+    of a cudaLaunchKernel, one of a cuGraphLaunch through the driver, one whose launch the
+    trace lacks (counted as not graphed)."""
+    events = [
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "args": {"correlation": 1}},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "args": {"correlation": 2}},
+        {"cat": "cuda_driver", "name": "cuGraphLaunch", "args": {"correlation": 3}},
+        {"cat": "cpu_op", "name": "aten::mm", "args": {}},
+        {"cat": "kernel", "name": "a", "dur": 10.0, "args": {"correlation": 1}},
+        {"cat": "kernel", "name": "b", "dur": 20.0, "args": {"correlation": 1}},
+        {"cat": "kernel", "name": "c", "dur": 40.0, "args": {"correlation": 2}},
+        {"cat": "kernel", "name": "d", "dur": 10.0, "args": {"correlation": 3}},
+        {"cat": "kernel", "name": "e", "dur": 20.0, "args": {"correlation": 9}},
+    ]
+    assert workloads_zoo.graphed_share(events) == pytest.approx(40.0 / 100.0)
+    with pytest.raises(RuntimeError, match="no kernel"):
+        workloads_zoo.graphed_share(events[:4])
 
 
 def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkeypatch):
@@ -126,7 +161,8 @@ def test_the_coverage_page_counts_families_and_gives_each_failures_reason(monkey
                                   named=frozenset({"zoo"}))
     page = coverage.render(report)
     assert "| fake family | 2 | 2 | 1 | 2 |" in page and page.count("| total |") == 1
-    assert "- `hostread`: in pieces (50% of its pieces graphed); whole: RuntimeError: " \
+    assert "- `hostread`: in pieces (50% of its pieces graphed, 75% of its kernel time in " \
+           "graphs); whole: RuntimeError: " \
            "`float(y.sum())` cannot be captured" in page
     assert "`fine`" not in page  # graphed whole: not listed
     assert "Equal to eager bit for bit: runs eagerly 2, torch.cuda.graph 2, graph_module " \

@@ -135,7 +135,7 @@ def test_every_issue_workload_is_registered_in_order():
                      "pool_sharing", "capture_time", "pool_alloc", "serving", "many_shapes",
                      "cg_tolerance",
                      "hf_decode", "resnet50", "decode_until_eos", "generate", "generate_sampled",
-                     "generate_architectures", "speculative", "rebind", "zoo", "ddp",
+                     "generate_architectures", "speculative", "rebind", "zoo", "moe_step", "ddp",
                      "tp_decode",
                      "dist_cg", "generate_tp",
                      "real_resnet50", "real_resnet18", "real_llama", "real_cg"]
@@ -721,6 +721,24 @@ def test_the_targets_headline_counts_clear_verdicts_apart_from_those_inside_the_
     assert lines[0] == "targets: 3 PASS, 1 PASS~, 1 MISS~, 1 MISS, 1 N/A"
     assert "= 1.000x [0.900, 1.100] (target <= 1.00x)" in lines[1]
     assert "= 1.000x [one measurement] (target <= 1.00x)" in lines[6]
+
+
+def test_moe_step_is_skipped_in_quick_and_held_to_eager():
+    from cugraphrt.bench import workloads_moe as moe
+    from cugraphrt.bench.spec import Context
+
+    ctx = Context(quick=True)
+    moe.run_moe_step(ctx)
+    emitted = ctx.rows
+    assert [row.metric for row in emitted] == [f"{step}, {arch}" for arch in moe.ARCHS
+                                               for step in moe.STEPS]
+    for row in emitted:
+        assert set(row.cells) == set(moe.SYSTEMS)
+        assert all("--only moe_step" in str(cell) or "not installed" in str(cell)
+                   for cell in row.cells.values())
+    # One target per row, each against eager (a system cugraphrt does not build).
+    assert {(t.system, t.reference, t.metric) for t in moe.MOE_STEP.targets} == {
+        ("cugraphrt", "eager", row.metric) for row in emitted}
 
 
 def test_generate_architectures_picks_known_architectures_only():
