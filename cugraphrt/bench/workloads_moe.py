@@ -17,15 +17,15 @@ Systems:
 * ``reduce_overhead``: ``torch.compile(step, mode="reduce-overhead")`` over the default
   experts: its cell says why it does not run;
 * ``reduce_overhead_batched_mm``: the same over ``batched_mm`` experts, what a torch user can
-  switch to;
+  switch to (both for the decode step only: four Inductor compilations are most of the
+  workload's time already);
 * ``cugraphrt``: ``cugraphrt_torch.graph_module(step, sample)``, which captures with
   ``batched_mm`` experts by itself and gives the model its own back after.
 
 Wall time per step with its copy-in and a synchronization, over 8 rotating inputs. Before it
 is timed, each system's logits are checked against ``eager_batched_mm``'s for the same
 input (relative 2-norm within :data:`TOL`: bf16, and Inductor's kernels for the compiled
-ones). Runs with ``--only moe_step`` (about a minute and a half on an H200); skipped in
-``--quick``.
+ones). Runs with ``--only moe_step``; skipped in ``--quick``.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def _architecture(ctx: Context, torch, arch: str, rows: dict[str, RowBuilder]) -
         for index, step in enumerate(STEPS):
             ctx.step(f"{arch}: {step}")
             own, reference = (_step_modules(torch, m, cache)[index] for m in (model, batched))
-            _step(torch, own, reference, inputs[index], rows[_metric(arch, step)])
+            _step(torch, own, reference, inputs[index], rows[_metric(arch, step)],
+                  compile_too=index == 0)
             torch._dynamo.reset()  # the compiled steps' code and graph trees go with the step
 
 
@@ -135,13 +136,18 @@ def _step_modules(torch, model, cache) -> tuple[Any, Any]:
     return Decode(), Prefill()
 
 
-def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder) -> None:
-    """One step's row: ``own`` runs the model's default experts, ``reference`` batched_mm."""
+def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder,
+          compile_too: bool) -> None:
+    """One step's row: ``own`` runs the model's default experts, ``reference`` batched_mm;
+    the reduce-overhead systems when ``compile_too``."""
     reference(*inputs[1])  # the cache's tensors, kernels and handles, outside every clock
     expected = reference(*inputs[1]).float().cpu().numpy()
     calls: dict[str, Any] = {"eager": own, "eager_batched_mm": reference}
     for system, module in (("reduce_overhead", own), ("reduce_overhead_batched_mm", reference)):
-        calls[system] = row.setup(system, lambda m=module: _compiled(torch, m, inputs[0]))
+        if compile_too:
+            calls[system] = row.setup(system, lambda m=module: _compiled(torch, m, inputs[0]))
+        else:
+            row.unavailable(system, "compiled for the decode step only (compile time)")
     calls["cugraphrt"] = row.setup("cugraphrt", lambda: _adapter().graph_module(
         own, tuple(t.clone() for t in inputs[0])))
 
