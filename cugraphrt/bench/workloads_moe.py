@@ -3,9 +3,10 @@
 Mixtral and Qwen3-MoE of :mod:`.generate_models` (6 layers of width 768, bf16, random
 weights, 4 experts and 2 per token, full attention), two steps each:
 
-* ``decode``: batch 8, one token a row, written into a ``StaticCache`` at a fixed position
-  (what a serving loop replays every token; the position is a tensor, so every system
-  writes the same slot again);
+* ``decode``: batch 8, one token a row, written into a ``StaticCache`` (what a serving loop
+  replays every token). transformers 5.17's static layers write at a counter of their own on
+  the device, which every step advances: the cache is reset, in place, before each batch
+  of steps, each check and each set-up, outside the clock;
 * ``prefill``: batch 1, 64 tokens, no cache.
 
 Systems:
@@ -31,6 +32,7 @@ ones). Runs with ``--only moe_step``; skipped in ``--quick``.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from .real_models import missing_package
@@ -105,7 +107,7 @@ def _architecture(ctx: Context, torch, arch: str, rows: dict[str, RowBuilder]) -
             ctx.step(f"{arch}: {step}")
             own, reference = (_step_modules(torch, m, cache)[index] for m in (model, batched))
             _step(torch, own, reference, inputs[index], rows[_metric(arch, step)],
-                  compile_too=index == 0)
+                  compile_too=index == 0, rewind=cache.reset)
             torch._dynamo.reset()  # the compiled steps' code and graph trees go with the step
 
 
@@ -133,34 +135,51 @@ def _step_modules(torch, model, cache) -> tuple[Any, Any]:
         def forward(self, tokens):
             return self.model(input_ids=tokens, use_cache=False).logits
 
-    return Decode(), Prefill()
+    return Decode().eval(), Prefill().eval()
 
 
-def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder,
-          compile_too: bool) -> None:
+def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
+          compile_too: bool, rewind: Callable[[], None]) -> None:
     """One step's row: ``own`` runs the model's default experts, ``reference`` batched_mm;
-    the reduce-overhead systems when ``compile_too``."""
+    the reduce-overhead systems when ``compile_too``. ``rewind()`` puts the cache back at
+    its start (in place, on the current stream) before every batch of steps, check and
+    set-up: stream order puts it before the steps."""
+    rewind()
     reference(*inputs[1])  # the cache's tensors, kernels and handles, outside every clock
+    rewind()
     expected = reference(*inputs[1]).float().cpu().numpy()
+
+    def set_up(system: str, factory: Callable[[], Any]) -> Any:
+        rewind()
+        return row.setup(system, factory)
+
     calls: dict[str, Any] = {"eager": own, "eager_batched_mm": reference}
     for system, module in (("reduce_overhead", own), ("reduce_overhead_batched_mm", reference)):
         if compile_too:
-            calls[system] = row.setup(system, lambda m=module: _compiled(torch, m, inputs[0]))
+            calls[system] = set_up(system, functools.partial(_compiled, torch, module,
+                                                             inputs[0]))
         else:
             row.unavailable(system, "compiled for the decode step only (compile time)")
-    calls["cugraphrt"] = row.setup("cugraphrt", lambda: _adapter().graph_module(
+    calls["cugraphrt"] = set_up("cugraphrt", lambda: _adapter().graph_module(
         own, tuple(t.clone() for t in inputs[0])))
 
     def check(system: str, fn) -> None:
+        rewind()
         check_close(fn(*inputs[1]).float().cpu().numpy(), expected, system, TOL)
+
+    def rewound(batch: Callable[[], float]) -> Callable[[], float]:
+        def run() -> float:
+            rewind()  # host_batch synchronizes before its clock starts
+            return batch()
+        return run
 
     batches = {}
     for system, fn in calls.items():
         checked = fn is not None and (system in ("eager", "eager_batched_mm") or verify(
             row, system, functools.partial(check, system, fn)))
-        batches[system] = functools.partial(
+        batches[system] = rewound(functools.partial(
             host_batch, cycling(functools.partial(_apply, fn), inputs), ROTATION,
-            include_sync=True) if checked else None
+            include_sync=True)) if checked else None
     row.measure(batches, REPEATS, scale=US)
 
 
@@ -170,7 +189,10 @@ def _compiled(torch, module, sample: tuple):
     compiled = torch.compile(module, mode="reduce-overhead", dynamic=False)
 
     def call(*args):
-        return compiled(*args).clone()  # the tree's outputs are overwritten by its next replay
+        # A new step: the tree may overwrite the previous call's outputs, as graph_module's
+        # replays overwrite theirs (neither system copies its outputs out).
+        torch.compiler.cudagraph_mark_step_begin()
+        return compiled(*args)
 
     for _ in range(3):
         call(*sample)
