@@ -134,7 +134,11 @@ def _graph_four_ways(torch, model: ZooModel, row: RowBuilder
         row.fail("cugraphrt_pieces", exc)
         return values, exact, None
     try:
-        share.set("cugraphrt_pieces", single(_graphed_share(torch, lambda: graphed(*fresh))))
+        kernels = _graphed_share(torch, lambda: graphed(*fresh))
+        if kernels == 0 and fraction > 0:  # replays ran, yet no kernel was traced to one
+            raise RuntimeError(f"the trace ties no kernel to a graph launch although "
+                               f"{fraction:.0%} of the pieces replay")
+        share.set("cugraphrt_pieces", single(kernels))
     except Exception as exc:  # noqa: BLE001 - the profiler's failure, not the model's
         share.fail("cugraphrt_pieces", exc)
     share.unavailable_all("only the pieces are measured")

@@ -129,6 +129,19 @@ def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
     assert [bits[s].median for s in workloads_zoo.SYSTEMS] == [2.0, 2.0, 1.0, 2.0]
 
 
+def test_a_trace_that_ties_no_kernel_to_the_replays_is_an_error_not_a_zero(monkeypatch):
+    from cugraphrt.bench.spec import Context, Failed
+
+    _stand_ins(monkeypatch)
+    monkeypatch.setattr(workloads_zoo, "_graphed_share", lambda torch, call: 0.0)
+    ctx = Context(selected=True)
+    workloads_zoo.run_zoo(ctx)
+    rows = {row.metric: row.cells for row in ctx.rows}
+    cell = rows["fake family: hostread" + workloads_zoo.SHARE]["cugraphrt_pieces"]
+    assert isinstance(cell, Failed) and "no kernel to a graph launch" in cell.message
+    assert rows["fake family: hostread"]["cugraphrt_pieces"].median == 0.5  # still counted
+
+
 def test_the_graphed_share_counts_the_kernels_of_graph_launches_by_correlation():
     """A Chrome trace as torch's profiler writes it: two kernels of one cudaGraphLaunch, one
     of a cudaLaunchKernel, one of a cuGraphLaunch through the driver, one whose launch the
