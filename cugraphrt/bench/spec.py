@@ -33,6 +33,8 @@ __all__ = [
     "keep",
     "measure_together",
     "cycling",
+    "cycling_calls",
+    "prepared",
     "check_close",
     "verify",
 ]
@@ -316,6 +318,22 @@ def cycling(fn: Callable[[object], object], inputs: Sequence[object]) -> Callabl
     """
     source = itertools.cycle(inputs)
     return lambda: fn(next(source))
+
+
+def cycling_calls(fn: Callable[..., object], inputs: Sequence[tuple]) -> Callable[[], object]:
+    """:func:`cycling` for calls of several arguments: ``fn(*args)`` on the next of
+    ``inputs``, argument tuples."""
+    source = itertools.cycle(inputs)
+    return lambda: fn(*next(source))
+
+
+def prepared(before: Callable[[], None], batch: Callable[[], float]) -> Callable[[], float]:
+    """A timed batch that runs ``before()`` first: outside ``batch``'s clock, which starts
+    after its own synchronization (:func:`timing.host_batch`)."""
+    def run() -> float:
+        before()
+        return batch()
+    return run
 
 
 def check_close(actual, expected, what: str, tol: float) -> None:

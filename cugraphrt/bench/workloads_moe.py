@@ -36,7 +36,16 @@ from collections.abc import Callable
 from typing import Any
 
 from .real_models import missing_package
-from .spec import Context, RowBuilder, Target, Workload, check_close, cycling, verify
+from .spec import (
+    Context,
+    RowBuilder,
+    Target,
+    Workload,
+    check_close,
+    cycling_calls,
+    prepared,
+    verify,
+)
 from .timing import host_batch
 
 __all__ = ["MOE_STEP", "ARCHS", "STEPS"]
@@ -167,19 +176,13 @@ def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
         rewind()
         check_close(fn(*inputs[1]).float().cpu().numpy(), expected, system, TOL)
 
-    def rewound(batch: Callable[[], float]) -> Callable[[], float]:
-        def run() -> float:
-            rewind()  # host_batch synchronizes before its clock starts
-            return batch()
-        return run
-
     batches = {}
     for system, fn in calls.items():
         checked = fn is not None and (system in ("eager", "eager_batched_mm") or verify(
             row, system, functools.partial(check, system, fn)))
-        batches[system] = rewound(functools.partial(
-            host_batch, cycling(functools.partial(_apply, fn), inputs), ROTATION,
-            include_sync=True)) if checked else None
+        batches[system] = prepared(rewind, functools.partial(
+            host_batch, cycling_calls(fn, inputs), ROTATION, include_sync=True)) \
+            if checked else None
     row.measure(batches, REPEATS, scale=US)
 
 
@@ -198,10 +201,6 @@ def _compiled(torch, module, sample: tuple):
         call(*sample)
     torch.cuda.synchronize()
     return call
-
-
-def _apply(fn, args: tuple):
-    return fn(*args)
 
 
 def _adapter():

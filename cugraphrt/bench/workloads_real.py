@@ -24,7 +24,8 @@ from .spec import (
     Target,
     Workload,
     check_close,
-    cycling,
+    cycling_calls,
+    prepared,
     verify,
 )
 from .timing import device_sync, gpu_batch, host_batch, single
@@ -148,17 +149,6 @@ class _Inference:
     before_batch: Callable[[], None] = device_sync
 
 
-def _prepared(before: Callable[[], None], batch: Callable[[], float]) -> Callable[[], float]:
-    def run() -> float:
-        before()
-        return batch()
-    return run
-
-
-def _apply(fn, args: tuple):
-    return fn(*args)
-
-
 def _measure_inference(ctx: Context, torch, stream, model: _Inference,
                        rows: dict[str, RowBuilder]) -> None:
     """Build both graphs, check them, time the calls, then time the builds."""
@@ -178,13 +168,13 @@ def _measure_inference(ctx: Context, torch, stream, model: _Inference,
     for system, fn in calls_of.items():
         checked = fn is not None and (system == "torch_eager" or verify(
             per_call, system, functools.partial(model.check, system, fn)))
-        batches[system] = _prepared(model.before_batch, functools.partial(
-            host_batch, cycling(functools.partial(_apply, fn), model.inputs), model.calls,
+        batches[system] = prepared(model.before_batch, functools.partial(
+            host_batch, cycling_calls(fn, model.inputs), model.calls,
             include_sync=True)) if checked else None
     if batches["cugraphrt_torch"] is None:
         per_call.unavailable("gpu_floor", "needs the cugraphrt_torch graph")
     else:
-        batches["gpu_floor"] = _prepared(model.before_batch, functools.partial(
+        batches["gpu_floor"] = prepared(model.before_batch, functools.partial(
             gpu_batch, ours.graph.replay, model.calls, stream.cuda_stream))
     ctx.step(f"{model.metric}: measure")
     per_call.measure(batches, ctx.repeats(full=20, quick=5), scale=US)

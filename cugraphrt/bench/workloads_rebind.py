@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .real_models import resnet
-from .spec import Context, RowBuilder, Target, Workload, cycling, verify
+from .spec import Context, RowBuilder, Target, Workload, cycling_calls, verify
 from .timing import device_sync, host_batch, summarize
 from .torch_common import HandGraph, adapter_function, on_stream
 from .workloads_real import ROTATION, run_torch_rows
@@ -157,8 +157,8 @@ def _host_row(ctx: Context, cupy, metric: str, fn, count: int, size: int) -> Row
             ok = verify(row, system, functools.partial(_check_cupy, cupy, f, inputs[:2],
                                                       expected))
             batches[system] = functools.partial(
-                _on, stream, functools.partial(host_batch, cycling(functools.partial(
-                    _apply, f), inputs), calls, include_sync=True)) if ok else None
+                _on, stream, functools.partial(host_batch, cycling_calls(f, inputs), calls,
+                                               include_sync=True)) if ok else None
     row.measure(batches, ctx.repeats(full=60, quick=15), scale=US)
     same = row.row.cells.get("rebind_same")
     if "allowance" in systems and same is not None and hasattr(same, "samples"):
@@ -169,10 +169,6 @@ def _host_row(ctx: Context, cupy, metric: str, fn, count: int, size: int) -> Row
 def _on(stream, batch):
     with stream:
         return batch()
-
-
-def _apply(fn, args: tuple):
-    return fn(*args)
 
 
 def _check_cupy(cupy, f, inputs, expected) -> None:
@@ -208,7 +204,7 @@ def _big_row(ctx: Context, cupy) -> RowBuilder:
             ok = f is not None and verify(row, system, functools.partial(
                 _check_cupy, cupy, f, [(arrays[1],)], [fn(arrays[1])]))
             batches[system] = functools.partial(_on, stream, functools.partial(
-                host_batch, cycling(functools.partial(_apply, f), [(a,) for a in arrays]), 20,
+                host_batch, cycling_calls(f, [(a,) for a in arrays]), 20,
                 include_sync=True)) if ok else None
     row.measure(batches, ctx.repeats(full=30, quick=8), scale=US)
     del arrays, sample
@@ -266,7 +262,7 @@ def _time_module(ctx: Context, row: RowBuilder, calls: dict[str, Any], inputs: l
                  before: Callable[[], None] = device_sync) -> None:
     def batch(fn) -> float:
         before()
-        return host_batch(cycling(functools.partial(_apply, fn), inputs), ROTATION,
+        return host_batch(cycling_calls(fn, inputs), ROTATION,
                           include_sync=True)
 
     row.measure({s: functools.partial(batch, calls[s]) if s in calls else None
