@@ -16,7 +16,7 @@ Systems:
 * ``eager_batched_mm``: the same with transformers' ``batched_mm`` experts
   (``set_experts_implementation``): the experts cugraphrt's graph runs (information);
 * ``reduce_overhead``: ``torch.compile(step, mode="reduce-overhead")`` over the default
-  experts: its cell says why it does not run;
+  experts;
 * ``reduce_overhead_batched_mm``: the same over ``batched_mm`` experts, what a torch user can
   switch to (both for the decode step only: four Inductor compilations are most of the
   workload's time already);
@@ -26,7 +26,10 @@ Systems:
 Wall time per step with its copy-in and a synchronization, over 8 rotating inputs. Before it
 is timed, each system's logits are checked against ``eager_batched_mm``'s for the same
 input (relative 2-norm within :data:`TOL`: bf16, and Inductor's kernels for the compiled
-ones). Runs with ``--only moe_step``; skipped in ``--quick``.
+ones). For the compiled systems, a row of its own counts the CUDA graphs Inductor skipped
+while they compiled and recorded: reduce-overhead runs a graph it cannot record without CUDA
+graphs, and says so only in the ``perf_hints`` log, off by default, so a fast time alone
+does not show that it replayed graphs. Runs with ``--only moe_step``; skipped in ``--quick``.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from .spec import (
     prepared,
     verify,
 )
-from .timing import host_batch
+from .timing import host_batch, single
 
 __all__ = ["MOE_STEP", "ARCHS", "STEPS"]
 
@@ -66,10 +69,17 @@ def _metric(arch: str, step: str) -> str:
     return f"{step}, {arch}"
 
 
+def _skips_metric(arch: str) -> str:
+    return f"{_metric(arch, STEPS[0])}: CUDA graphs Inductor skipped"
+
+
 def run_moe_step(ctx: Context) -> None:
     rows = {_metric(arch, step): RowBuilder(_metric(arch, step), "us", SYSTEMS, "eager",
                                             "cugraphrt")
             for arch in ARCHS for step in STEPS}
+    rows.update({_skips_metric(arch): RowBuilder(_skips_metric(arch), "graphs", SYSTEMS,
+                                                 "reduce_overhead", "reduce_overhead_batched_mm")
+                 for arch in ARCHS})
     missing = missing_package("torch", "transformers")
     if missing or (ctx.quick and not ctx.selected):
         for row in rows.values():
@@ -116,7 +126,8 @@ def _architecture(ctx: Context, torch, arch: str, rows: dict[str, RowBuilder]) -
             ctx.step(f"{arch}: {step}")
             own, reference = (_step_modules(torch, m, cache)[index] for m in (model, batched))
             _step(torch, own, reference, inputs[index], rows[_metric(arch, step)],
-                  compile_too=index == 0, rewind=cache.reset)
+                  compile_too=index == 0, rewind=cache.reset,
+                  skips=rows[_skips_metric(arch)] if index == 0 else None)
             torch._dynamo.reset()  # the compiled steps' code and graph trees go with the step
 
 
@@ -148,11 +159,13 @@ def _step_modules(torch, model, cache) -> tuple[Any, Any]:
 
 
 def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
-          compile_too: bool, rewind: Callable[[], None]) -> None:
+          compile_too: bool, rewind: Callable[[], None],
+          skips: RowBuilder | None = None) -> None:
     """One step's row: ``own`` runs the model's default experts, ``reference`` batched_mm;
-    the reduce-overhead systems when ``compile_too``. ``rewind()`` puts the cache back at
-    its start (in place, on the current stream) before every batch of steps, check and
-    set-up: stream order puts it before the steps."""
+    the reduce-overhead systems when ``compile_too``, with the CUDA graphs Inductor skipped
+    for each in ``skips``. ``rewind()`` puts the cache back at its start (in place, on the
+    current stream) before every batch of steps, check and set-up: stream order puts it
+    before the steps."""
     rewind()
     reference(*inputs[1])  # the cache's tensors, kernels and handles, outside every clock
     rewind()
@@ -171,6 +184,8 @@ def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
             row.unavailable(system, "compiled for the decode step only (compile time)")
     calls["cugraphrt"] = set_up("cugraphrt", lambda: _adapter().graph_module(
         own, tuple(t.clone() for t in inputs[0])))
+    if skips is not None:
+        _count_skips(skips, calls)
 
     def check(system: str, fn) -> None:
         rewind()
@@ -186,9 +201,37 @@ def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
     row.measure(batches, REPEATS, scale=US)
 
 
+def _count_skips(skips: RowBuilder, calls: dict[str, Any]) -> None:
+    """The compiled systems' counts of CUDA graphs Inductor skipped (what :func:`_compiled`
+    left on each call) into ``skips``; the other systems compile nothing."""
+    for system in SYSTEMS:
+        count = getattr(calls.get(system), "graph_skips", None)
+        if system not in ("reduce_overhead", "reduce_overhead_batched_mm"):
+            skips.unavailable(system, "not compiled by Inductor")
+        elif count is None:
+            skips.unavailable(system, "not set up, or torch keeps no count of the CUDA graphs "
+                                      "Inductor skipped")
+        else:
+            skips.set(system, single(float(count)))
+
+
+def _inductor_skips() -> int | None:
+    """How many times this process's Inductor ran a compiled graph without CUDA graphs under
+    ``mode="reduce-overhead"``; None where torch keeps no such count. Tested on torch 2.11
+    and 2.13: ``torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]``, bumped beside
+    a ``perf_hints`` log line (off by default) that gives the reason."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return None
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def _compiled(torch, module, sample: tuple):
     """``torch.compile(module, mode="reduce-overhead")``, run three times on ``sample``
-    (compilation, then the CUDA graph tree's warm-up and recording)."""
+    (compilation, then the CUDA graph tree's warm-up and recording). The call returned
+    carries ``graph_skips``: the CUDA graphs Inductor skipped meanwhile (None if unknown)."""
+    before = _inductor_skips()
     compiled = torch.compile(module, mode="reduce-overhead", dynamic=False)
 
     def call(*args):
@@ -200,6 +243,9 @@ def _compiled(torch, module, sample: tuple):
     for _ in range(3):
         call(*sample)
     torch.cuda.synchronize()
+    after = _inductor_skips()
+    skipped = None if before is None or after is None else after - before
+    call.graph_skips = skipped  # type: ignore[attr-defined]
     return call
 
 

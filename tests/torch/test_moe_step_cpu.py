@@ -95,3 +95,34 @@ def test_the_two_steps_compute_what_the_model_computes():
         want = model(input_ids=tokens, past_key_values=cache, cache_position=position,
                      use_cache=True).logits
     assert torch.equal(got, want)
+
+
+def test_the_compiled_systems_count_the_cuda_graphs_inductor_skipped(monkeypatch):
+    own, reference, inputs, cache = _steps(monkeypatch, lambda module, sample: module)
+
+    def compiled(torch, module, sample):  # the default experts' step skipped one graph
+        def call(*args):
+            return module(*args)
+        call.graph_skips = 1 if module is own[0] else 0
+        return call
+
+    monkeypatch.setattr(moe, "_compiled", compiled)
+    row, skips = _row(moe.STEPS[0]), RowBuilder("skips", "graphs", moe.SYSTEMS,
+                                                "reduce_overhead", "reduce_overhead_batched_mm")
+    with torch.no_grad():
+        moe._step(torch, own[0], reference[0], inputs[0], row, compile_too=True,
+                  rewind=cache.reset, skips=skips)
+    cells = skips.row.cells
+    assert cells["reduce_overhead"].median == 1 and cells["reduce_overhead_batched_mm"].median == 0
+    assert all(isinstance(cells[s], NotAvailable) for s in ("eager", "eager_batched_mm",
+                                                             "cugraphrt"))
+
+
+def test_inductors_count_of_skipped_cuda_graphs_moves_when_it_runs_without_them():
+    """On the CPU there are no CUDA graphs: reduce-overhead runs its graph without them, and
+    the counter the bench reads says so (its only other sign is a log off by default)."""
+    before = moe._inductor_skips()
+    step = torch.compile(lambda x: (x * 2).sin() + 1, mode="reduce-overhead")
+    for _ in range(3):
+        step(torch.randn(8))
+    assert before is not None and moe._inductor_skips() > before
