@@ -85,6 +85,11 @@ def run_generate_architectures(ctx: Context) -> None:
     for arch in chosen:
         _architecture(ctx, torch, Generator, arch, rows)
         torch.cuda.empty_cache()  # the next architecture's memory starts from the same floor
+        # Every architecture's hf_static compiles the same transformers function (its
+        # generic forward wrapper): without a reset, the compilations of the architectures
+        # before count towards dynamo's recompile limit, and the later ones' hf_static runs
+        # eagerly once it is hit (seen on the H200: Mistral's batch 8 and Mixtral's rows).
+        torch._dynamo.reset()
 
 
 def _architecture(ctx: Context, torch, Generator, arch: str,

@@ -286,3 +286,35 @@ def test_the_benches_calls_generate_the_same_tokens():
         ours_whole, ours_one = (call() for call in calls["cugraphrt"])
     assert whole.shape == (2, 18) and one.shape == (2, 7)
     assert torch.equal(ours_whole, whole) and torch.equal(ours_one, one)
+
+
+def test_the_architectures_bench_compiles_each_architecture_afresh(monkeypatch):
+    """Every architecture's hf_static compiles one transformers function (the forward
+    wrapper). The bench resets dynamo after each architecture: otherwise the compilations of
+    the ones before count towards dynamo's recompile limit, and a later one's compiled
+    system runs eagerly (Mistral's and Mixtral's hf_static did on the H200)."""
+    from cugraphrt.bench import workloads_architectures as bench
+    from cugraphrt.bench.spec import Context
+
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(len(example_inputs))
+        return gm.forward
+
+    def wrapper(x):  # one code object, as transformers' wrapper is for every model
+        return x * 2 + 1
+
+    step = torch.compile(wrapper, backend=backend, dynamic=False)
+
+    def architecture(ctx, torch_, Generator, name, rows):  # five shapes: five compilations
+        for n in range(1, 6):
+            assert torch.equal(step(torch.ones(n)), torch.full((n,), 3.0))
+
+    monkeypatch.setenv(bench.ENV, "llama,mistral")
+    monkeypatch.setattr(bench, "skipped", lambda ctx, rows, only: False)
+    monkeypatch.setattr(bench, "_architecture", architecture)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    torch._dynamo.reset()
+    bench.run_generate_architectures(Context(selected=True))
+    assert len(compiled) == 10  # dynamo's limit is 8: without the reset, 8
