@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from typing import Any
 
 from .real_models import missing_package
@@ -142,7 +143,18 @@ def _graph_four_ways(torch, model: ZooModel, row: RowBuilder
     except Exception as exc:  # noqa: BLE001 - the profiler's failure, not the model's
         share.fail("cugraphrt_pieces", exc)
     share.unavailable_all("only the pieces are measured")
+    _log_pieces(row.row.metric, graphed.report())
     return values, exact, share
+
+
+def _log_pieces(model: str, reports: list) -> None:
+    """One log line per piece of a model graphed in pieces (stderr, beside the progress
+    lines): whether it replays, how often, and why not, which the kernel-time share alone
+    does not say."""
+    for piece in reports:
+        state = f"graphed, {piece.replays} replays" if piece.graphed else \
+            f"not graphed ({piece.reason or 'no capture kept'})"
+        print(f"cugraphrt bench: zoo: {model}: {piece.name}: {state}", file=sys.stderr)
 
 
 def _eager(torch, module, inputs: tuple) -> tuple[tuple, tuple]:

@@ -99,18 +99,34 @@ def _stand_ins(monkeypatch) -> None:
         def graphed_fraction(self):
             return 0.5
 
+        def report(self):
+            from cugraphrt_torch.compile._aot_graph import AotGraphReport
+
+            common = dict(compiler="aot_eager", rerecords=0, static_inputs=(),
+                          copied_inputs=(), mutated_inputs=())
+            return [AotGraphReport(name="graph 0 inference", graphed=True, reason=None,
+                                   graphs=1, replays=3, **common),
+                    AotGraphReport(name="graph 1 inference", graphed=False,
+                                   reason="the capture failed: a host read", graphs=0,
+                                   replays=0, **common)]
+
     monkeypatch.setattr(workloads_zoo, "_pieces", lambda torch, m, i, f: (
         Pieces(m), zoo_models.flatten_outputs(torch, m(*f))))
     monkeypatch.setattr(workloads_zoo, "_graphed_share", lambda torch, call: (call(), 0.75)[1])
 
 
-def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch):
+def test_the_zoo_counts_what_each_system_graphed_and_says_why_not(monkeypatch, capsys):
     from cugraphrt.bench.spec import Context, Failed
     from cugraphrt.bench.timing import Summary
 
     _stand_ins(monkeypatch)
     ctx = Context(selected=True)
     workloads_zoo.run_zoo(ctx)
+    log = capsys.readouterr().err  # each piece of the model in pieces, and why not graphed
+    assert "zoo: fake family: hostread: graph 0 inference: graphed, 3 replays" in log
+    assert ("zoo: fake family: hostread: graph 1 inference: not graphed (the capture "
+            "failed: a host read)") in log
+    assert "fake family: fine: graph" not in log
     assert torch.is_grad_enabled()  # the zoo leaves autograd as it found it
     rows = {row.metric: row.cells for row in ctx.rows}
     fine, hostread = rows["fake family: fine"], rows["fake family: hostread"]
