@@ -11,17 +11,19 @@ weights, 4 experts and 2 per token, full attention), two steps each:
 
 Systems:
 
-* ``eager``: the model as transformers builds it. Its default experts read routing counts
-  on the host (``grouped_mm``'s fallback), which a capture refuses;
+* ``eager``: the model as transformers builds it, its default experts (``grouped_mm``: on
+  an H200 torch's grouped GEMM with offsets on the device; elsewhere a fallback that reads
+  them on the host, which a capture refuses);
 * ``eager_batched_mm``: the same with transformers' ``batched_mm`` experts
-  (``set_experts_implementation``): the experts cugraphrt's graph runs (information);
+  (``set_experts_implementation``): what cugraphrt's graph runs where the model's own
+  experts cannot be captured (information);
 * ``reduce_overhead``: ``torch.compile(step, mode="reduce-overhead")`` over the default
   experts;
 * ``reduce_overhead_batched_mm``: the same over ``batched_mm`` experts, what a torch user can
   switch to (both for the decode step only: four Inductor compilations are most of the
   workload's time already);
-* ``cugraphrt``: ``cugraphrt_torch.graph_module(step, sample)``, which captures with
-  ``batched_mm`` experts by itself and gives the model its own back after.
+* ``cugraphrt``: ``cugraphrt_torch.graph_module(step, sample)``, which captures the model's
+  own experts where they capture (``grouped_mm`` on an H200), else ``batched_mm``.
 
 Wall time per step with its copy-in and a synchronization, over 8 rotating inputs. Before it
 is timed, each system's logits are checked against ``eager_batched_mm``'s for the same

@@ -131,3 +131,77 @@ def test_a_moe_model_runs_batched_mm_experts_while_captured_and_gets_its_own_bac
     with graph_safe_experts(wrapper) as switched:
         assert switched and model.get_experts_implementation() == {"": "batched_mm"}
     assert model.get_experts_implementation() == own
+
+
+# -- mixture-of-experts models: their own experts first, batched_mm where refused ---------------
+
+def _tiny_mixtral():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.MixtralConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+        num_experts_per_tok=2, max_position_embeddings=64)
+    return transformers.MixtralForCausalLM(config).eval()
+
+
+def _attempts(monkeypatch, refuse):
+    """capture_module's attempts, each the experts implementation it ran with; an attempt
+    ``refuse(implementation)`` names is refused as a capture refuses a host read."""
+    from cugraphrt_torch.inference import _warm_up
+
+    seen = []
+
+    def attempt(make_graph, pool, module, args, iterations):
+        implementation = module.get_experts_implementation()[""] \
+            if hasattr(module, "get_experts_implementation") else None
+        seen.append(implementation)
+        if refuse(implementation):
+            raise CaptureError("`for i, end in enumerate(offs.tolist())` (moe.py:196) cannot "
+                               "be captured")
+        return "session", module(*args).logits if implementation else None
+
+    monkeypatch.setattr(_warm_up, "_capture_module", attempt)
+    return _warm_up, seen
+
+
+def test_a_moe_model_is_captured_with_its_own_experts_where_they_capture(monkeypatch):
+    import warnings
+
+    model = _tiny_mixtral()
+    own = model.get_experts_implementation()
+    warm_up, seen = _attempts(monkeypatch, lambda implementation: False)
+    ids = torch.randint(0, 128, (1, 8))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with torch.no_grad():
+            _, logits = warm_up.capture_module(object, None, model, (ids,), 3)
+    assert seen == [own[""]] and own[""] != "batched_mm"
+    with torch.no_grad():
+        assert torch.equal(logits, model(ids).logits)  # the model's own experts ran
+
+
+def test_a_refused_moe_capture_is_made_again_with_batched_mm_and_the_family_keeps_it(
+        monkeypatch):
+    model = _tiny_mixtral()
+    own = model.get_experts_implementation()
+    warm_up, seen = _attempts(monkeypatch, lambda implementation: implementation != "batched_mm")
+    ids = torch.randint(0, 128, (1, 8))
+    experts = warm_up.Experts()
+    with pytest.warns(UserWarning, match="captured with transformers' batched_mm experts"), \
+            torch.no_grad():
+        _, logits = warm_up.capture_module(object, None, model, (ids,), 3, experts)
+    assert seen == [own[""], "batched_mm"] and experts.graph_safe
+    assert model.get_experts_implementation() == own  # given back after the capture
+    with torch.no_grad():
+        _, again = warm_up.capture_module(object, None, model, (ids,), 0, experts)
+    assert seen[2:] == ["batched_mm"]  # a later bucket is not refused again to learn it
+    model.set_experts_implementation("batched_mm")
+    with torch.no_grad():
+        assert torch.equal(logits, model(ids).logits) and torch.equal(again, logits)
+
+
+def test_a_refused_capture_without_experts_to_switch_raises_its_own_error(monkeypatch):
+    warm_up, seen = _attempts(monkeypatch, lambda implementation: True)
+    with pytest.raises(CaptureError, match="offs.tolist"):
+        warm_up.capture_module(object, None, torch.nn.Linear(2, 2), (torch.ones(2),), 3)
+    assert seen == [None]  # tried once: nothing to switch

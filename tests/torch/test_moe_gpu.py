@@ -1,7 +1,8 @@
-"""Mixture-of-experts models of transformers graphed whole by graph_module: their experts run
-transformers' batched_mm while captured (no routing read on the host), gpt-oss's host
-constants are staged, and every replay equals the model run eagerly with the same experts
-implementation."""
+"""Mixture-of-experts models of transformers graphed whole by graph_module: captured with their
+own experts (transformers' default grouped_mm keeps its offsets on the device on an H200),
+or, where a capture with them is refused, with transformers' batched_mm (no routing read on
+the host); gpt-oss's host constants are staged; every replay equals the model run eagerly
+with the experts implementation that was captured."""
 
 from __future__ import annotations
 
@@ -47,17 +48,41 @@ class Logits(torch.nn.Module):
         return self.model(input_ids=ids, use_cache=False).logits
 
 
-@pytest.mark.parametrize("name", list(MOE))
-def test_a_moe_model_is_graphed_whole_equal_to_eager_batched_mm(name):
-    model = _model(name)
-    own = model.get_experts_implementation()
-    ids = torch.randint(0, 128, (2, 16), device="cuda")
-    graphed = cugraphrt_torch.graph_module(Logits(model), ids)
-    assert model.get_experts_implementation() == own  # restored after the capture
-    model.set_experts_implementation("batched_mm")
+def _replays_equal_eager(graphed, model, name: str) -> None:
+    """Replays of fresh ids equal the model's eager logits, as its experts are set now."""
     for seed in range(3):
         fresh = torch.randint(0, 128, (2, 16), device="cuda",
                               generator=torch.Generator("cuda").manual_seed(seed))
         with torch.no_grad():
             expected = Logits(model)(fresh)
         assert torch.equal(graphed(fresh), expected), name
+
+
+@pytest.mark.parametrize("name", list(MOE))
+def test_a_moe_model_is_graphed_whole_with_its_own_experts_equal_to_eager(name):
+    import warnings
+
+    model = _model(name)
+    own = model.get_experts_implementation()
+    assert own[""] == "grouped_mm"  # transformers' default
+    ids = torch.randint(0, 128, (2, 16), device="cuda")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graphed = cugraphrt_torch.graph_module(Logits(model), ids)
+    assert not [w for w in caught if "batched_mm" in str(w.message)], name  # not refused
+    assert model.get_experts_implementation() == own
+    _replays_equal_eager(graphed, model, name)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+def test_a_moe_model_whose_experts_read_the_host_is_graphed_with_batched_mm(name):
+    """transformers' ``eager`` experts loop over the experts hit, read on the host: the capture
+    with them is refused, and graph_module captures with batched_mm instead, saying so."""
+    model = _model(name)
+    model.set_experts_implementation("eager")
+    ids = torch.randint(0, 128, (2, 16), device="cuda")
+    with pytest.warns(UserWarning, match="captured with transformers' batched_mm experts"):
+        graphed = cugraphrt_torch.graph_module(Logits(model), ids)
+    assert model.get_experts_implementation() == {"": "eager"}  # restored after the capture
+    model.set_experts_implementation("batched_mm")
+    _replays_equal_eager(graphed, model, name)

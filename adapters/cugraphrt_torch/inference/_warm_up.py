@@ -7,6 +7,7 @@ capture's pool, right before the capture (:func:`~cugraphrt_torch.capture.captur
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -17,7 +18,7 @@ from .._internals import transformers as _transformers
 from ..capture._errors import is_host_copy
 from ..capture.capture import graph, warmed_graph
 
-__all__ = ["capture_module", "warmed_capture"]
+__all__ = ["Experts", "capture_module", "warmed_capture"]
 
 
 def warmed_capture(cuda_graph: Graph, pool: MemPool | None, module, args: tuple,
@@ -36,19 +37,56 @@ def warmed_capture(cuda_graph: Graph, pool: MemPool | None, module, args: tuple,
     return warmed_graph(cuda_graph, pool, warm_up, stage_host_constants)
 
 
+class Experts:
+    """Which experts a module's captures run (one per :func:`graph_module` call, one per
+    bucket family): the model's own, until a capture with them is refused; then
+    transformers' ``batched_mm`` for that capture and every later one of the family, which
+    need not be refused again to learn it."""
+
+    def __init__(self) -> None:
+        self.graph_safe = False
+
+
 def capture_module(make_graph: Callable[[], Graph], pool: MemPool | None, module,
-                   args: tuple, iterations: int) -> tuple[graph, Any]:
+                   args: tuple, iterations: int,
+                   experts: Experts | None = None) -> tuple[graph, Any]:
     """``module(*args)`` captured after its warm-ups (:func:`warmed_capture`): the capture
     and the outputs. Where the forward copies host data to the device, which capture refuses,
     it is captured again (into a new graph) with its host constants staged
     (``stage_host_constants``): a forward that passes needs nothing extra, and one that makes
     a constant on the host (``torch.tensor(0.0, device=...)``, an index list) is graphed
-    whole. A pageable CPU tensor made before the capture stays refused, by name. A
-    transformers mixture-of-experts model is warmed up and captured with its experts in
-    transformers' ``batched_mm`` implementation, which reads no routing on the host; its own
-    implementation comes back after the capture (eager calls keep it)."""
-    with _transformers.graph_safe_experts(module):
+    whole. A pageable CPU tensor made before the capture stays refused, by name.
+
+    A transformers mixture-of-experts model is captured with its own experts first:
+    transformers' default, ``grouped_mm``, keeps its offsets on the device where torch's
+    grouped GEMM runs (CUDA, compute capability 8.0 and up), and the replays then equal the
+    model's eager calls. Where the capture is refused (``grouped_mm``'s fallback and the
+    ``eager`` experts read routing on the host), it is warmed up and captured again with
+    transformers' ``batched_mm`` experts, which read nothing on the host, with a
+    UserWarning; the model's own implementation comes back after (eager calls keep it)."""
+    experts = experts if experts is not None else Experts()
+    if not experts.graph_safe:
+        try:
+            return _capture_module(make_graph, pool, module, args, iterations)
+        except CaptureError as exc:
+            refused = exc
+    with _transformers.graph_safe_experts(module) as switched:
+        if not experts.graph_safe:
+            if not switched:  # no experts to switch: the refusal stands
+                raise refused
+            warnings.warn(
+                f"{type(module).__name__}: a capture with the model's own mixture-of-experts "
+                f"implementation was refused ({_first_line(refused)}); it is captured with "
+                "transformers' batched_mm experts instead, and its replays equal eager calls "
+                "with batched_mm", UserWarning, stacklevel=3)
+            experts.graph_safe = True
         return _capture_module(make_graph, pool, module, args, iterations)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    line = text[0] if text else type(exc).__name__
+    return line if len(line) <= 200 else line[:197] + "..."
 
 
 def _capture_module(make_graph: Callable[[], Graph], pool: MemPool | None, module,

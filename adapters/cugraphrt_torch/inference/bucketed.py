@@ -22,7 +22,7 @@ from .._internals import tensors as _tensors
 from ..capture import _torch
 from ..capture._output_check import FIX_COPY, make_check
 from ..capture.framework import TORCH
-from ._warm_up import capture_module
+from ._warm_up import Experts, capture_module
 
 __all__ = ["BucketedModule"]
 
@@ -62,6 +62,8 @@ class BucketedModule:
 
         # The callbacks reach the module and the device, never self: self holds the core, and
         # a cycle would keep the graphs alive until a garbage collection.
+        experts = Experts()  # the family's buckets run the experts its first capture chose
+
         def capture(args: tuple, pool: MemPool, warm: bool) -> CapturedBucket:
             with torch.inference_mode(False), torch.no_grad(), torch.cuda.device(device), \
                     cupy.cuda.Device(device):
@@ -70,7 +72,7 @@ class BucketedModule:
                 # Kept, to instantiate it apart and measure the executable (BucketStat).
                 session, outputs = capture_module(
                     lambda: Graph(keep_graph=True), pool, module, args,
-                    num_warmup_iters if warm else 0)
+                    num_warmup_iters if warm else 0, experts)
                 written = _tensors.moved(leaves, versions) if inputs == "rebind" else None
                 if warm:  # the family's first capture
                     _torch.give_back_dropped_workspaces()
