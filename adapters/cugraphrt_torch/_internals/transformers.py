@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["static_cache", "layer_kinds", "uncached_kinds", "sliding_layers",
@@ -29,10 +29,13 @@ GRAPH_SAFE_EXPERTS = ("batched_mm",)
 CACHED_AT_FULL_LENGTH = ("full_attention", "sliding_attention")
 
 
-def static_cache(config: Any, length: int) -> Any:
+def static_cache(config: Any, length: int,
+                 sliding: Callable[[int, Any], Any] | None = None) -> Any:
     """``transformers.StaticCache(config=config, max_cache_len=length)`` with every layer a
-    ``StaticLayer`` of ``length`` positions, sliding-window layers included; its tensors are
-    allocated by the first forward that uses it.
+    ``StaticLayer`` of ``length`` positions, sliding-window layers included (or what
+    ``sliding(length, config.sliding_window)`` makes for them:
+    :func:`.window_cache.window_layer`); its tensors are allocated by the first forward
+    that uses it.
 
     transformers' ``StaticSlidingWindowLayer`` keeps its fill level in a Python int and
     branches on it (append, then roll once full): a graph would bake in the branch of the
@@ -49,7 +52,9 @@ def static_cache(config: Any, length: int) -> Any:
     cache = StaticCache(config=config, max_cache_len=length)
     kinds = layer_kinds(config)
     if len(kinds) == len(cache.layers):
-        cache.layers = [StaticLayer(max_cache_len=length) if kind == "sliding_attention"
+        make = sliding or (lambda size, window: StaticLayer(max_cache_len=size))
+        window = getattr(config.get_text_config(decoder=True), "sliding_window", None)
+        cache.layers = [make(length, window) if kind == "sliding_attention"
                         else layer for kind, layer in zip(kinds, cache.layers, strict=True)]
     return cache
 
