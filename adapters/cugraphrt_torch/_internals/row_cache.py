@@ -96,8 +96,8 @@ def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries
     ``padding[r, kv]`` set and ``kv <= offsets[r] + j`` (and, in sliding-window layers,
     ``kv > offsets[r] + j - config.sliding_window``, transformers' window). ``offsets`` of
     one element holds for every row. ``gathered``, ``(start, count)``: the sliding-window
-    layers attend over the ``count`` positions from ``start`` (a 0-d device tensor) only
-    (:mod:`.window_cache`), the full-attention ones over the whole view.
+    layers attend over the ``count`` positions from ``start`` (a 0-d device tensor; those
+    below 0 masked) only (:mod:`.window_cache`), the full-attention ones over the whole view.
 
     One 4-D mask where every layer has the same kind; a dict by layer type (the hybrid
     models' ``causal_mask_mapping``) where kinds mix."""
@@ -112,9 +112,10 @@ def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries
         return (key <= query + at[batch]) & keep[batch, key]
 
     def sliding(batch: Any, head: Any, query: Any, key: Any) -> Any:
-        position = key + start  # the key's position in the cache
-        return (position <= query + at[batch]) & keep[batch, position] & (
-            position > query + at[batch] - config.sliding_window)
+        position = key + start  # the key's position in the cache (below 0: none yet)
+        return (position <= query + at[batch]) & (position >= 0) & (
+            position > query + at[batch] - config.sliding_window) & \
+            keep[batch, position.clamp(min=0)]
 
     make = ALL_MASK_ATTENTION_FUNCTIONS[attention_implementation(config)]
     masks = {}

@@ -33,9 +33,9 @@ def static_cache(config: Any, length: int,
                  sliding: Callable[[int, Any], Any] | None = None) -> Any:
     """``transformers.StaticCache(config=config, max_cache_len=length)`` with every layer a
     ``StaticLayer`` of ``length`` positions, sliding-window layers included (or what
-    ``sliding(length, config.sliding_window)`` makes for them:
-    :func:`.window_cache.window_layer`); its tensors are allocated by the first forward
-    that uses it.
+    ``sliding(length, window)`` makes for them, ``window`` the text config's
+    ``sliding_window``: the Generator's rings, :func:`.window_cache.window_layer`); its
+    tensors are allocated by the first forward that uses it.
 
     transformers' ``StaticSlidingWindowLayer`` keeps its fill level in a Python int and
     branches on it (append, then roll once full): a graph would bake in the branch of the
@@ -106,8 +106,10 @@ def cache_view(cache: Any, rows: int, length: int) -> Any:
     view.layers = []
     for layer in cache.layers:
         mine = copy.copy(layer)
-        mine.keys = layer.keys[:rows, :, :length]
-        mine.values = layer.values[:rows, :, :length]
+        # A ring (window_cache) keeps every slot: its positions map to them modulo the slots.
+        held = None if getattr(layer, "ring", False) else length
+        mine.keys = layer.keys[:rows, :, :held]
+        mine.values = layer.values[:rows, :, :held]
         mine.max_cache_len = length
         if hasattr(mine, "batch_size"):
             mine.batch_size = rows

@@ -77,12 +77,20 @@ def static_cache(model: Any, length: int, rows: int, device: torch.device,
         raise OptionsError("model", type(model).__name__,
                            "a model whose layers have full or sliding-window attention (got "
                            f"layers of kind {', '.join(uncached)})")
-    # Sliding-window layers attend over generate's keys (window_cache) where the model's
-    # masks can say which (sdpa and eager attention); over the whole view, masked, else.
-    windowed = "sliding_attention" in _transformers.layer_kinds(model.config) and \
+    # Sliding-window layers in rings of the window's length, attending over generate's keys
+    # (window_cache), where the model's masks can say which (sdpa and eager attention) and
+    # rows share their positions (not with speculative decoding's per-row cache); at full
+    # length, the window masked, else.
+    text = model.config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    windowed = not per_row and window is not None and window < length and \
+        "sliding_attention" in _transformers.layer_kinds(model.config) and \
         _row_cache.attention_implementation(model.config) in _row_cache.MASKED_IMPLEMENTATIONS
+    prompt_end = torch.zeros((), dtype=torch.int64, device=device)
     cache = _transformers.static_cache(
-        model.config, length, _window_cache.window_layer if windowed else None)
+        model.config, length,
+        (lambda size, width: _window_cache.window_layer(width, prompt_end)) if windowed
+        else None)
     sliding = _transformers.sliding_layers(cache)
     if sliding or not _transformers.has_write_counters(cache):
         raise OptionsError("model", type(model).__name__,

@@ -138,8 +138,9 @@ class Program:
         self.counters = _transformers.write_counters(cache)
         #: With speculative decoding, each row's write position (a per-row cache), else None.
         self.row_starts = _row_cache.row_starts(cache)
-        #: Whether sliding-window layers attend over generate's keys only (their masks built
-        #: here, over those positions: window_cache), else over the whole view.
+        #: Whether sliding-window layers are rings attending over generate's keys (their
+        #: masks built here, over those positions: window_cache), else full-length layers
+        #: attending over the whole view, the window masked.
         self.windowed = any(_window_cache.is_window_layer(layer) for layer in cache.layers)
         self.dtype = next(model.parameters()).dtype  # what an additive mask is made in
         parameters = inspect.signature(model.forward).parameters
@@ -245,6 +246,8 @@ class Program:
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.write_positions())  # a per-row cache's from 0 too
+        if self.windowed:  # a ring shorter than the prompt bucket keeps the real prompt's end
+            _window_cache.set_prompt_end(self.cache, state.prompt_len)
         if self.sampler is not None:
             self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]
