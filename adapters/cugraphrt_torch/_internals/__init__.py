@@ -24,4 +24,7 @@ name fails in one place, with a name, instead of silently in a user's program.
   points.
 * :mod:`.distributed`: the C10d process group class.
 * :mod:`.transformers`: ``StaticCache`` and its layers.
+* :mod:`.row_cache` and :mod:`.window_cache`: ``StaticCache`` layers that write each row at
+  its own position, or hand a sliding-window layer's attention ``generate``'s keys, and the
+  masks that go with them.
 """

@@ -89,12 +89,15 @@ def row_starts(cache: Any) -> torch.Tensor | None:
 
 
 def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries: int,
-              dtype: torch.dtype) -> Any:
+              dtype: torch.dtype, gathered: tuple[torch.Tensor, int] | None = None) -> Any:
     """The ``attention_mask`` argument for a forward of ``queries`` tokens per row over a
     :func:`per_row_cache` view of ``padding.shape[1]`` positions: row ``r``'s query ``j``
     at cache position ``offsets[r] + j`` attends to the positions ``kv`` with
     ``padding[r, kv]`` set and ``kv <= offsets[r] + j`` (and, in sliding-window layers,
-    ``kv > offsets[r] + j - config.sliding_window``, transformers' window).
+    ``kv > offsets[r] + j - config.sliding_window``, transformers' window). ``offsets`` of
+    one element holds for every row. ``gathered``, ``(start, count)``: the sliding-window
+    layers attend over the ``count`` positions from ``start`` (a 0-d device tensor; those
+    below 0 masked) only (:mod:`.window_cache`), the full-attention ones over the whole view.
 
     One 4-D mask where every layer has the same kind; a dict by layer type (the hybrid
     models' ``causal_mask_mapping``) where kinds mix."""
@@ -102,20 +105,23 @@ def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries
 
     rows, length = padding.shape
     keep = padding.bool()
-    at = offsets.view(-1)
+    at = offsets.view(-1).expand(rows)
+    start, count = gathered if gathered is not None else (0, length)
 
     def causal(batch: Any, head: Any, query: Any, key: Any) -> Any:
         return (key <= query + at[batch]) & keep[batch, key]
 
     def sliding(batch: Any, head: Any, query: Any, key: Any) -> Any:
-        return causal(batch, head, query, key) & (
-            key > query + at[batch] - config.sliding_window)
+        position = key + start  # the key's position in the cache (below 0: none yet)
+        return (position <= query + at[batch]) & (position >= 0) & (
+            position > query + at[batch] - config.sliding_window) & \
+            keep[batch, position.clamp(min=0)]
 
     make = ALL_MASK_ATTENTION_FUNCTIONS[attention_implementation(config)]
     masks = {}
     for kind in sorted(set(layer_kinds(config))):
-        function = sliding if kind == "sliding_attention" else causal
-        masks[kind] = make(batch_size=rows, q_length=queries, kv_length=length, q_offset=0,
+        function, keys = (sliding, count) if kind == "sliding_attention" else (causal, length)
+        masks[kind] = make(batch_size=rows, q_length=queries, kv_length=keys, q_offset=0,
                            kv_offset=0, mask_function=function, attention_mask=None,
                            allow_is_causal_skip=False, dtype=dtype, config=config,
                            use_vmap=False, device=padding.device)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["static_cache", "layer_kinds", "uncached_kinds", "sliding_layers",
@@ -29,10 +29,13 @@ GRAPH_SAFE_EXPERTS = ("batched_mm",)
 CACHED_AT_FULL_LENGTH = ("full_attention", "sliding_attention")
 
 
-def static_cache(config: Any, length: int) -> Any:
+def static_cache(config: Any, length: int,
+                 sliding: Callable[[int, Any], Any] | None = None) -> Any:
     """``transformers.StaticCache(config=config, max_cache_len=length)`` with every layer a
-    ``StaticLayer`` of ``length`` positions, sliding-window layers included; its tensors are
-    allocated by the first forward that uses it.
+    ``StaticLayer`` of ``length`` positions, sliding-window layers included (or what
+    ``sliding(length, window)`` makes for them, ``window`` the text config's
+    ``sliding_window``: the Generator's rings, :func:`.window_cache.window_layer`); its
+    tensors are allocated by the first forward that uses it.
 
     transformers' ``StaticSlidingWindowLayer`` keeps its fill level in a Python int and
     branches on it (append, then roll once full): a graph would bake in the branch of the
@@ -49,7 +52,9 @@ def static_cache(config: Any, length: int) -> Any:
     cache = StaticCache(config=config, max_cache_len=length)
     kinds = layer_kinds(config)
     if len(kinds) == len(cache.layers):
-        cache.layers = [StaticLayer(max_cache_len=length) if kind == "sliding_attention"
+        make = sliding or (lambda size, window: StaticLayer(max_cache_len=size))
+        window = getattr(config.get_text_config(decoder=True), "sliding_window", None)
+        cache.layers = [make(length, window) if kind == "sliding_attention"
                         else layer for kind, layer in zip(kinds, cache.layers, strict=True)]
     return cache
 
@@ -101,8 +106,10 @@ def cache_view(cache: Any, rows: int, length: int) -> Any:
     view.layers = []
     for layer in cache.layers:
         mine = copy.copy(layer)
-        mine.keys = layer.keys[:rows, :, :length]
-        mine.values = layer.values[:rows, :, :length]
+        # A ring (window_cache) keeps every slot: its positions map to them modulo the slots.
+        held = None if getattr(layer, "ring", False) else length
+        mine.keys = layer.keys[:rows, :, :held]
+        mine.values = layer.values[:rows, :, :held]
         mine.max_cache_len = length
         if hasattr(mine, "batch_size"):
             mine.batch_size = rows

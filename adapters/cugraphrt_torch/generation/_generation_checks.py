@@ -12,6 +12,7 @@ from cugraphrt.errors import OptionsError
 
 from .._internals import row_cache as _row_cache
 from .._internals import transformers as _transformers
+from .._internals import window_cache as _window_cache
 from ..compile._eager_kernels import Numerics
 from ._generation_program import MAX_EOS
 from ._speculative import DraftModel, PromptLookup
@@ -76,15 +77,34 @@ def static_cache(model: Any, length: int, rows: int, device: torch.device,
         raise OptionsError("model", type(model).__name__,
                            "a model whose layers have full or sliding-window attention (got "
                            f"layers of kind {', '.join(uncached)})")
-    cache = _transformers.static_cache(model.config, length)
+    # Sliding-window layers in rings of the window's length, attending over generate's keys
+    # (window_cache), where the model's masks can say which (sdpa and eager attention) and
+    # rows share their positions (not with speculative decoding's per-row cache); at full
+    # length, the window masked, else.
+    text = model.config.get_text_config(decoder=True)
+    window = getattr(text, "sliding_window", None)
+    windowed = not per_row and window is not None and window < length and \
+        "sliding_attention" in _transformers.layer_kinds(model.config) and \
+        _row_cache.attention_implementation(model.config) in _row_cache.MASKED_IMPLEMENTATIONS
+    prompt_end = torch.zeros((), dtype=torch.int64, device=device)
+    cache = _transformers.static_cache(
+        model.config, length,
+        (lambda size, width: _window_cache.window_layer(width, prompt_end)) if windowed
+        else None)
     sliding = _transformers.sliding_layers(cache)
     if sliding or not _transformers.has_write_counters(cache):
         raise OptionsError("model", type(model).__name__,
                            "a transformers release whose StaticCache layers count their "
                            f"writes on the device (got sliding-window layers {sliding})")
     ids = torch.zeros(rows, 1, dtype=torch.int64, device=device)
+    masks = None
+    if windowed:  # window layers take their masks ready-made
+        masks = _window_cache.window_masks(
+            model.config, torch.ones(rows, length, dtype=torch.int64, device=device),
+            torch.zeros((), dtype=torch.int64, device=device), 1,
+            next(model.parameters()).dtype)
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, attention_mask=masks, past_key_values=cache, use_cache=True)
     if per_row:
         _row_cache.per_row_cache(cache)
     return cache

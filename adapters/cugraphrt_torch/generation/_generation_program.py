@@ -38,6 +38,7 @@ from .._internals import compile as _compile
 from .._internals import row_cache as _row_cache
 from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
+from .._internals import window_cache as _window_cache
 from ..compile._eager_kernels import Numerics, inductor_backend
 from ._sampling import Sampler
 from ._speculative import DraftModel, PromptLookup, Speculator
@@ -137,6 +138,10 @@ class Program:
         self.counters = _transformers.write_counters(cache)
         #: With speculative decoding, each row's write position (a per-row cache), else None.
         self.row_starts = _row_cache.row_starts(cache)
+        #: Whether sliding-window layers are rings attending over generate's keys (their
+        #: masks built here, over those positions: window_cache), else full-length layers
+        #: attending over the whole view, the window masked.
+        self.windowed = any(_window_cache.is_window_layer(layer) for layer in cache.layers)
         self.dtype = next(model.parameters()).dtype  # what an additive mask is made in
         parameters = inspect.signature(model.forward).parameters
         self.keeps_logits = "logits_to_keep" in parameters
@@ -204,7 +209,7 @@ class Program:
         ``(rows, vocab)``."""
         rows, length = ids.shape[0], _transformers.view_length(view)
         kwargs = {"logits_to_keep": keep} if self.keeps_logits else {}
-        logits = self.model(input_ids=ids, attention_mask=self.state.mask[:rows, :length],
+        logits = self.model(input_ids=ids, attention_mask=self._masks(rows, length, ids.shape[1]),
                             position_ids=positions, past_key_values=view, use_cache=True,
                             **kwargs).logits
         if not self.keeps_logits:
@@ -221,16 +226,28 @@ class Program:
         rows, length = ids.shape[0], _transformers.view_length(view)
         kwargs = {"logits_to_keep": 0} if self.keeps_logits else {}  # 0: every position
         if masks is None:
-            masks = self.state.mask[:rows, :length]
+            masks = self._masks(rows, length, ids.shape[1])
         return self.model(input_ids=ids, attention_mask=masks,
                           position_ids=positions, past_key_values=view, use_cache=True,
                           **kwargs).logits
+
+    def _masks(self, rows: int, length: int, queries: int) -> Any:
+        """The state's 2-D mask over ``length`` positions, for the model to build its masks
+        from; with window layers, the masks themselves (the forward's first query at the
+        layers' write counter)."""
+        padding = self.state.mask[:rows, :length]
+        if not self.windowed:
+            return padding
+        return _window_cache.window_masks(self.model.config, padding, self.counters[0],
+                                          queries, self.dtype)
 
     def prefill(self, rows: int, prompt_bucket: int, length: int) -> None:
         """The prompt (right-padded to ``prompt_bucket``) through the model, attending over
         ``length`` cache positions, then the first token."""
         state = self.state
         _tensors.foreach_zero(self.write_positions())  # a per-row cache's from 0 too
+        if self.windowed:  # a ring shorter than the prompt bucket keeps the real prompt's end
+            _window_cache.set_prompt_end(self.cache, state.prompt_len)
         if self.sampler is not None:
             self.sampler.draw()
         mask = state.mask[:rows, :prompt_bucket]

@@ -96,8 +96,9 @@ class Generator:
     ----------
     model : transformers.PreTrainedModel
         A decoder-only model whose layers have full or sliding-window attention (a
-        sliding-window layer is cached at full length, its window masked: see
-        docs/generation.md), on a CUDA device unless ``graphed=False``. Put it in ``eval()``
+        sliding-window layer is cached in a ring of the window's length and attends over
+        ``generate``'s keys: see docs/generation.md), on a CUDA device unless
+        ``graphed=False``. Put it in ``eval()``
         mode; weights must not move afterwards (the graphs read them in place).
     max_length : int
         The longest sequence served: prompt plus new tokens. The KV cache holds this many
