@@ -89,7 +89,7 @@ def run_generate_architectures(ctx: Context) -> None:
         # generic forward wrapper): without a reset, the compilations of the architectures
         # before count towards dynamo's recompile limit, and the later ones' hf_static runs
         # eagerly once it is hit (seen on the H200: Mistral's batch 8 and Mixtral's rows).
-        torch._dynamo.reset()
+        torch.compiler.reset()
 
 
 def _architecture(ctx: Context, torch, Generator, arch: str,

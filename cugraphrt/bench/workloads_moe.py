@@ -58,6 +58,7 @@ __all__ = ["MOE_STEP", "ARCHS", "STEPS"]
 SYSTEMS = ("eager", "eager_batched_mm", "reduce_overhead", "reduce_overhead_batched_mm",
            "cugraphrt")
 OURS = ("cugraphrt",)
+COMPILED = ("reduce_overhead", "reduce_overhead_batched_mm")
 ARCHS = ("mixtral", "qwen3_moe")
 STEPS = ("decode, batch 8", "prefill, 64 tokens")
 LAYERS, HIDDEN, VOCAB, BATCH, PROMPT, LENGTH, ROTATION = 6, 768, 32000, 8, 64, 128, 8
@@ -80,7 +81,7 @@ def run_moe_step(ctx: Context) -> None:
                                             "cugraphrt")
             for arch in ARCHS for step in STEPS}
     rows.update({_skips_metric(arch): RowBuilder(_skips_metric(arch), "graphs", SYSTEMS,
-                                                 "reduce_overhead", "reduce_overhead_batched_mm")
+                                                 *COMPILED)
                  for arch in ARCHS})
     missing = missing_package("torch", "transformers")
     if missing or (ctx.quick and not ctx.selected):
@@ -178,7 +179,7 @@ def _step(torch, own, reference, inputs: list[tuple], row: RowBuilder, *,
         return row.setup(system, factory)
 
     calls: dict[str, Any] = {"eager": own, "eager_batched_mm": reference}
-    for system, module in (("reduce_overhead", own), ("reduce_overhead_batched_mm", reference)):
+    for system, module in zip(COMPILED, (own, reference), strict=True):
         if compile_too:
             calls[system] = set_up(system, functools.partial(_compiled, torch, module,
                                                              inputs[0]))
@@ -207,10 +208,11 @@ def _count_skips(skips: RowBuilder, calls: dict[str, Any]) -> None:
     """The compiled systems' counts of CUDA graphs Inductor skipped (what :func:`_compiled`
     left on each call) into ``skips``; the other systems compile nothing."""
     for system in SYSTEMS:
-        count = getattr(calls.get(system), "graph_skips", None)
-        if system not in ("reduce_overhead", "reduce_overhead_batched_mm"):
+        if system not in COMPILED:
             skips.unavailable(system, "not compiled by Inductor")
-        elif count is None:
+            continue
+        count = getattr(calls.get(system), "graph_skips", None)
+        if count is None:
             skips.unavailable(system, "not set up, or torch keeps no count of the CUDA graphs "
                                       "Inductor skipped")
         else:
