@@ -16,6 +16,7 @@ import cugraphrt
 from cugraphrt.adapter import tree as _tree
 from cugraphrt.errors import CugraphrtError, OptionsError
 
+from .._internals import tensors as _tensors
 from ..capture._fence import on_capture_stream
 from ..capture._output_check import FIX_CLONE, checkable, make_check
 from ..capture.capture import graph as capture_graph
@@ -241,13 +242,23 @@ def _require_cuda() -> None:
 
 def _snapshot_buffers(work: list[_Work]) -> Callable[[], None]:
     """Undo what warm-up does to module buffers (BatchNorm statistics and counters)."""
-    saved = [(b, b.detach().clone()) for item in work if isinstance(item.fn, torch.nn.Module)
-             for b in item.fn.buffers()]
+    # A few multi-tensor copies per dtype each way, not a clone and a copy_ per buffer: a
+    # ResNet has three buffers per BatchNorm, and each launch is build time on the host.
+    groups: dict[tuple, tuple[list, list]] = {}
+    for item in work:
+        if isinstance(item.fn, torch.nn.Module):
+            for buffer in item.fn.buffers():
+                held, copies = groups.setdefault((buffer.dtype, buffer.device), ([], []))
+                held.append(buffer.detach())
+                copies.append(torch.empty_like(buffer))
+    with torch.no_grad():
+        for held, copies in groups.values():
+            _tensors.foreach_copy(copies, held)
 
     def restore() -> None:
         with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+            for held, copies in groups.values():
+                _tensors.foreach_copy(held, copies)
 
     return restore
 
