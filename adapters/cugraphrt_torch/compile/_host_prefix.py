@@ -73,7 +73,6 @@ class HostPrefixed:
         made = self._prefix(*[args[i] for i in self._prefix_inputs])
         inner = [args[i] for i in self._device_inputs]
         inner.extend(made[:self._copies])
-        args.clear()  # boxed: the caller's list holds no input past this point
         out = self.piece(inner)
         return [None if where is None else (out[where[1]] if where[0] else made[where[1]])
                 for where in self._outputs]
