@@ -28,3 +28,25 @@ class Broken(HostRead):
         y = self.first(x).relu()
         torch._dynamo.graph_break()
         return self.second(y)
+
+
+class HostAnchors(torch.nn.Module):
+    """An SSD-like forward: boxes made on the CPU, on every call, from tensors the module
+    holds on the CPU (a plain list, as torchvision's anchor generator holds its
+    ``wh_pairs``), then copied to the device and added to the layers' output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = torch.nn.Linear(16, 16)
+        self.second = torch.nn.Linear(16, 4)
+        self.wh_pairs = [torch.tensor([[0.1, 0.2], [0.3, 0.4]]),
+                         torch.tensor([[0.5, 0.6], [0.7, 1.2]])]
+
+    def boxes(self):
+        pairs = [p.clamp(min=0, max=1) for p in self.wh_pairs]
+        centres = torch.arange(4, dtype=torch.float32).div(4).repeat_interleave(2)
+        return torch.cat([torch.cat(pairs), torch.stack([centres[:4], centres[4:]], 1)], 1)
+
+    def forward(self, x):
+        y = self.second(self.first(x).relu())
+        return y + self.boxes().to(x.device).sum(0)

@@ -15,7 +15,7 @@ import cugraphrt_torch  # noqa: E402
 from cugraphrt import CaptureError, OptionsError  # noqa: E402
 from tests.conftest import torch_gpu_marks  # noqa: E402
 
-from ._pieces_models import Broken, HostRead  # noqa: E402
+from ._pieces_models import Broken, HostAnchors, HostRead  # noqa: E402
 
 pytestmark = torch_gpu_marks(torch)
 
@@ -36,6 +36,26 @@ def test_a_forward_with_a_host_read_is_graphed_in_pieces_equal_to_eager():
     reports = graphed.report()
     assert len(reports) >= 2 and all(r.graphed for r in reports), reports
     assert graphed.graphed_fraction() == 1.0 and "pieces graphed" in repr(graphed)
+
+
+def test_cpu_work_on_the_modules_cpu_tensors_runs_eagerly_and_the_rest_is_graphed():
+    """An SSD's default boxes: made on the CPU from tensors the module holds there, then
+    copied to the device. Whole, the capture refuses the CPU inputs; in pieces, that work
+    runs before the graph on every call, with the tensors' values of that call."""
+    torch.manual_seed(0)
+    model = HostAnchors().cuda().eval()
+    x = torch.randn(4, 16, device="cuda")
+    graphed = cugraphrt_torch.graph_module(model, x, pieces=True)
+    (report,) = graphed.report()
+    assert report.graphed and report.reason is None, report
+    for step in range(3):
+        if step == 2:
+            model.wh_pairs[1][1, 0] = 0.05  # read at the next call, as eager reads it
+        fresh = torch.randn(4, 16, device="cuda")
+        with torch.no_grad():
+            expected = model(fresh)
+        assert torch.equal(graphed(fresh), expected)
+    assert graphed.report()[0].replays >= 3
 
 
 def test_pieces_refuses_options_it_does_not_take():

@@ -26,6 +26,7 @@ from . import _fx_inspect
 from ._aot_graph import AotGraph, AotGraphReport, AotGraphSettings, live_aot_graphs
 from ._aot_graph_buckets import AotGraphBuckets, plan_buckets
 from ._eager_kernels import Numerics, compile_inductor
+from ._host_prefix import HostPrefixed, split_host_prefix
 from ._reinplace import reinplace_input_mutations
 
 __all__ = ["CompileOptions", "backend", "compile_report", "format_compile_report"]
@@ -160,6 +161,9 @@ class _DynamoGraph:
             def compile_graph(graph, inputs):
                 if kind == "inference":  # where input mutations stay in the graph
                     reinplace_input_mutations(graph)
+                    split = self._host_prefix(graph, inputs)
+                    if split is not None:
+                        return split
                 return self.piece(_compile.make_boxed_func(graph.forward), graph, inputs,
                                   kind, None)
             return compile_graph
@@ -176,10 +180,36 @@ class _DynamoGraph:
         with _compile.no_autograd_cache(), _compile.eager_composites(symbolic):
             return aot(gm, example_inputs)
 
-    def piece(self, compiled, graph, inputs, kind: str, static) -> AotGraph:
+    def _host_prefix(self, graph, inputs) -> HostPrefixed | None:
+        """An inference graph that computes on the host from its CPU inputs, its host work
+        split off to run eagerly and the rest graphed (``_host_prefix``); None where the
+        graph has no such work, or its device work cannot be graphed either."""
         names = _fx_inspect.placeholder_names(graph)
-        if kind != "backward" and len(names) == len(self.dynamo_names):
-            names = self.dynamo_names  # the user's names: l_self_modules_fc_parameters_weight_
+        if _fx_inspect.uncapturable_reason(graph, inputs, names) is None:
+            return None
+        split = split_host_prefix(graph, inputs)
+        if split is None:
+            return None
+        device_names = _fx_inspect.placeholder_names(split.device)
+        if _fx_inspect.uncapturable_reason(split.device, split.example_inputs,
+                                           device_names) is not None:
+            return None
+        if len(names) == len(self.dynamo_names):
+            names = self.dynamo_names
+        inner = [names[i] for i in split.device_inputs] + list(split.copy_names)
+        static = set(_forward_static(len(inputs)))
+        inner_static = [j for j, i in enumerate(split.device_inputs) if i in static]
+        piece = self.piece(_compile.make_boxed_func(split.device.forward), split.device,
+                           list(split.example_inputs), "inference", inner_static,
+                           names=inner)
+        return HostPrefixed(split, piece)
+
+    def piece(self, compiled, graph, inputs, kind: str, static,
+              names: list[str] | None = None) -> AotGraph:
+        if names is None:
+            names = _fx_inspect.placeholder_names(graph)
+            if kind != "backward" and len(names) == len(self.dynamo_names):
+                names = self.dynamo_names  # the user's: l_self_modules_fc_parameters_weight_
         if kind == "backward":
             static = self._backward_static(names)
         elif static is None:
