@@ -60,11 +60,12 @@ def test_a_window_layer_attends_over_generates_keys_under_generates_mask():
         if seen >= WINDOW - 1:  # the evicting cache is full: the same attention, bit for bit
             assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), seen
             assert torch.equal(got_mask, want_mask), seen
-        else:  # the positions before 0 come first, masked; then generate's
+        else:  # generate's keys from index 0, then the slots not written yet, masked
             held = seen + queries
-            assert torch.equal(got[0][:, :, -held:], want[0]), seen
-            assert torch.equal(got_mask[..., -held:], want_mask), seen
-            assert not got_mask[..., :-held].any(), seen
+            assert torch.equal(got[0][:, :, :held], want[0]), seen
+            assert torch.equal(got[1][:, :, :held], want[1]), seen
+            assert torch.equal(got_mask[..., :held], want_mask), seen
+            assert not got_mask[..., held:].any(), seen
         seen += queries
     assert mine.cumulative_length == seen
 
@@ -80,7 +81,7 @@ def test_a_prefill_longer_than_the_ring_keeps_the_real_prompts_last_positions():
     got = mine.update(keys, values)
     theirs.layers[0].update(keys[:, :, :10], values[:, :, :10])
     assert got[0].shape[2] == WINDOW - 1 + 12
-    assert torch.equal(got[0][:, :, WINDOW - 1:], keys)  # the prefill attends over its own
+    assert torch.equal(got[0][:, :, :12], keys)  # the prefill attends over its own, first
     mine.cumulative_length.fill_(10)  # what the Generator does after a prefill
     for _ in range(12):
         keys, values = _states(generator, 1)
@@ -116,3 +117,21 @@ def test_a_window_layer_refuses_a_mask_built_from_a_2d_one():
     with torch.no_grad(), pytest.raises(RuntimeError, match="masks of window_masks"):
         model(input_ids=ids, attention_mask=torch.ones(1, 1, dtype=torch.int64),
               past_key_values=cache, use_cache=True)
+
+
+def test_a_mask_over_a_view_shorter_than_the_joined_keys():
+    """A prefill into a cache bucket shorter than the window: the joined keys run past the
+    view's last position; those are slots not written yet, masked, and the written ones
+    keep transformers' mask."""
+    config = _config()
+    queries, length = 5, 6
+    padding = torch.ones(ROWS, length, dtype=torch.int64)
+    padding[1, :2] = 0
+    got = window_cache.window_masks(config, padding, torch.tensor(0), queries, torch.float32)
+    want = transformers.masking_utils.create_sliding_window_causal_mask(
+        config=config, inputs_embeds=torch.zeros(ROWS, queries, config.hidden_size),
+        attention_mask=padding[:, :queries], past_key_values=transformers.DynamicCache(
+            config=config), layer_idx=0, allow_is_causal_skip=False)
+    assert got.shape[-1] == WINDOW - 1 + queries
+    assert torch.equal(got[..., :queries], want)
+    assert not got[..., queries:].any()

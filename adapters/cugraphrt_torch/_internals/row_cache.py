@@ -97,7 +97,8 @@ def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries
     ``kv > offsets[r] + j - config.sliding_window``, transformers' window). ``offsets`` of
     one element holds for every row. ``gathered``, ``(start, count)``: the sliding-window
     layers attend over the ``count`` positions from ``start`` (a 0-d device tensor; those
-    below 0 masked) only (:mod:`.window_cache`), the full-attention ones over the whole view.
+    past the last query masked) only (:mod:`.window_cache`), the full-attention ones over
+    the whole view.
 
     One 4-D mask where every layer has the same kind; a dict by layer type (the hybrid
     models' ``causal_mask_mapping``) where kinds mix."""
@@ -112,10 +113,12 @@ def row_masks(config: Any, padding: torch.Tensor, offsets: torch.Tensor, queries
         return (key <= query + at[batch]) & keep[batch, key]
 
     def sliding(batch: Any, head: Any, query: Any, key: Any) -> Any:
-        position = key + start  # the key's position in the cache (below 0: none yet)
-        return (position <= query + at[batch]) & (position >= 0) & (
+        # The key's position in the cache; those past the last query are slots not written
+        # yet, masked by causality (and may lie past the view: clamped to read ``keep``).
+        position = key + start
+        return (position <= query + at[batch]) & (
             position > query + at[batch] - config.sliding_window) & \
-            keep[batch, position.clamp(min=0)]
+            keep[batch, position.clamp(0, length - 1)]
 
     make = ALL_MASK_ATTENTION_FUNCTIONS[attention_implementation(config)]
     masks = {}

@@ -10,14 +10,19 @@ logits can then go the other way (measured on an H200: docs/generation.md).
 
 A :class:`WindowLayer` holds ``window`` slots, position ``p`` in slot ``p % window``. A
 forward whose first query is at position ``p0`` (the layer's write counter, on the device)
-gathers the ``window - 1`` positions before ``p0`` from their slots, oldest first, writes its
-own keys into theirs, and hands attention the two joined: ``window - 1 + q`` keys in
-``generate``'s order, one graph serving every step before the window fills and after.
-Positions before 0 are not written yet; :func:`window_masks` masks them, builds the mask over
-the same positions through transformers' own mask interface (a boolean mask for ``sdpa``,
-an additive one for ``eager``), and the full-attention layers' over the whole view. A
-prefill longer than the ring keeps the last ``window`` positions of the prompt, up to the
-prompt's real length (:func:`set_prompt_end`), not of its padding.
+gathers the positions before ``p0`` that the window holds (``min(p0, window - 1)``) from
+their slots, oldest first, writes its own keys into theirs, and hands attention
+``window - 1 + q`` keys for ``q`` queries: those positions, its own keys, then slots not
+written yet. Once the window is full that is ``generate``'s keys exactly; before, it is
+``generate``'s from index 0 with the unwritten slots after them, masked, as a full-length
+layer lays out its keys (a layout whose first keys were the masked ones reduced in other
+blocks than ``generate``'s and parted from its tokens before the window's edge, measured on
+an H200). One graph serves every step before the window fills and after.
+:func:`window_masks` builds the mask over the same positions through transformers' own mask
+interface (a boolean mask for ``sdpa``, an additive one for ``eager``), and the
+full-attention layers' over the whole view. A prefill longer than the ring keeps the last
+``window`` positions of the prompt, up to the prompt's real length (:func:`set_prompt_end`),
+not of its padding.
 
 Tested on transformers 5.17: ``cache_utils.StaticLayer`` (``lazy_initialization``,
 ``is_initialized``, ``keys``, ``values``, ``cumulative_length``, ``max_cache_len``),
@@ -59,8 +64,12 @@ def _window_layer() -> Any:
             queries, slots = key_states.shape[2], self.keys.shape[2]
             first = self.cumulative_length
             device = key_states.device
-            before = first - (self.window - 1) + torch.arange(self.window - 1, device=device)
-            at = before.remainder(slots)  # the slots of the window - 1 positions before
+            # The positions held before the first query (window - 1 once the window is
+            # full), oldest first, then the forward's own keys, then the slots not written
+            # yet (masked): generate's keys from index 0, as a full-length layer lays them.
+            held = first.clamp(max=self.window - 1)
+            joined = torch.arange(self.window - 1 + queries, device=device)
+            at = (first - held + joined).remainder(slots)
             keys, values = self.keys.index_select(2, at), self.values.index_select(2, at)
             if queries <= slots:
                 into = (first + torch.arange(queries, device=device)).remainder(slots)
@@ -73,7 +82,10 @@ def _window_layer() -> Any:
                 self.keys.index_copy_(2, into, key_states.index_select(2, source))
                 self.values.index_copy_(2, into, value_states.index_select(2, source))
             self.cumulative_length.add_(queries)
-            return torch.cat([keys, key_states], 2), torch.cat([values, value_states], 2)
+            own = held + joined[:queries]
+            keys.index_copy_(2, own, key_states)
+            values.index_copy_(2, own, value_states)
+            return keys, values
 
         def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
             # What transformers asks before it builds a mask from a 2-D one: its positions
@@ -113,7 +125,8 @@ def window_masks(config: Any, padding: torch.Tensor, position: torch.Tensor, que
     is written at ``position`` (a 0-d device tensor, every row's) over a view of
     ``padding.shape[1]`` positions of a cache with :class:`WindowLayer` s: the masks of
     :func:`.row_cache.row_masks`, the sliding-window layers' over the ``window - 1 +
-    queries`` positions that end at the last query (those before 0 masked)."""
+    queries`` positions from the oldest the window holds (those past the last query
+    masked)."""
     window = config.sliding_window
-    where = (position - (window - 1), window - 1 + queries)
+    where = ((position - (window - 1)).clamp(min=0), window - 1 + queries)
     return row_masks(config, padding, position, queries, dtype, gathered=where)
