@@ -103,11 +103,7 @@ def test_a_moe_model_runs_batched_mm_experts_while_captured_and_gets_its_own_bac
     transformers = pytest.importorskip("transformers")
     from cugraphrt_torch._internals.transformers import graph_safe_experts
 
-    config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-        num_experts_per_tok=2, max_position_embeddings=64)
-    model = transformers.MixtralForCausalLM(config).eval()
+    model = _tiny_mixtral(layers=2)
     own = model.get_experts_implementation()
     assert own[""] != "batched_mm"
     ids = torch.randint(0, 128, (1, 8), generator=torch.Generator().manual_seed(0))
@@ -135,10 +131,10 @@ def test_a_moe_model_runs_batched_mm_experts_while_captured_and_gets_its_own_bac
 
 # -- mixture-of-experts models: their own experts first, batched_mm where refused ---------------
 
-def _tiny_mixtral():
+def _tiny_mixtral(layers: int = 1):
     transformers = pytest.importorskip("transformers")
     config = transformers.MixtralConfig(
-        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
         num_experts_per_tok=2, max_position_embeddings=64)
     return transformers.MixtralForCausalLM(config).eval()
