@@ -9,8 +9,10 @@ the table (:mod:`cugraphrt.bench.render`), the JSON file and the plot are all pr
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import importlib.util
+import os
 import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -181,7 +183,11 @@ def _write_outputs(report: BenchReport, json_path: Path | None, plot_path: Path 
     ok = True
     if json_path is not None:
         try:
-            json_path.write_text(report.model_dump_json(indent=2) + "\n")
+            # Through a temporary file and a rename: a kill mid-write (a time limit during
+            # a checkpoint) leaves the last whole report, never half of one.
+            partial = json_path.with_name(json_path.name + ".partial")
+            partial.write_text(report.model_dump_json(indent=2) + "\n")
+            os.replace(partial, json_path)
         except OSError as exc:
             if not quiet:  # the final write reports it
                 print(f"cugraphrt bench: could not write {json_path} ({exc})",
@@ -217,10 +223,20 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
     device = device_name()
     results: list[tuple[Workload, list[Row], str | None]] = []
     seconds: dict[str, float] = {}
+
+    def save(running: tuple[Workload, list[Row], str | None] | None = None) -> None:
+        if checkpoint is not None:
+            done = results if running is None else [*results, running]
+            checkpoint(build_report(done, workloads, created=created, device=device,
+                                    versions=collect_versions(), quick=quick,
+                                    elapsed_s=perf_counter() - start, workload_s=seconds))
+
     for index, workload in enumerate(workloads):
         progress.begin(index, workload.name)
         began = perf_counter()
         ctx = Context(quick=quick, selected=workload.name in named, progress=progress.step)
+        # A workload's finished rows are saved as they come (a cut run keeps them).
+        ctx.emitted = functools.partial(save, (workload, ctx.rows, None))
         error = None
         try:
             workload.run(ctx)
@@ -233,10 +249,7 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
         progress.end("crashed" if error else "done")
         _settle()
         seconds[workload.name] = perf_counter() - began
-        if checkpoint is not None:
-            checkpoint(build_report(results, workloads, created=created, device=device,
-                                    versions=collect_versions(), quick=quick,
-                                    elapsed_s=perf_counter() - start, workload_s=seconds))
+        save()
     progress.close()
     return build_report(results, workloads, created=created, device=device,
                         versions=collect_versions(), quick=quick,

@@ -256,12 +256,16 @@ class Context:
         it would otherwise skip.
     rows : list of Row
         Rows emitted so far by the current workload.
+    emitted : callable
+        Called after each emitted row: the runner rewrites its JSON then, so a long workload
+        cut short (a device call's time limit) keeps the rows it finished.
     """
 
     quick: bool = False
     selected: bool = False
     progress: Callable[[str], None] = field(default=lambda detail: None)
     rows: list[Row] = field(default_factory=list)
+    emitted: Callable[[], None] = field(default=lambda: None)
 
     def repeats(self, full: int, quick: int) -> int:
         """The repeat count for the current mode."""
@@ -270,6 +274,7 @@ class Context:
     def emit(self, row: Row) -> None:
         """Hand a finished row to the runner."""
         self.rows.append(row)
+        self.emitted()
 
     def step(self, detail: str) -> None:
         """Report progress inside the workload (shown on the progress bar)."""

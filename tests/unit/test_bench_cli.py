@@ -631,6 +631,32 @@ def test_run_workloads_keeps_each_workloads_wall_time_in_run_order(monkeypatch):
     assert report.elapsed_s == 8.5
 
 
+def test_a_workloads_finished_rows_are_checkpointed_before_it_ends(monkeypatch):
+    # A device call's time limit can cut a long workload (one architecture after another):
+    # the rows it finished must be in the JSON already, with their verdicts.
+    monkeypatch.setattr(runner, "device_name", lambda: "Fake GPU")
+    monkeypatch.setattr(runner, "_settle", lambda: None)
+    seen = []
+
+    def run(ctx):
+        for metric, ours in (("first", 0.5), ("second", 2.0)):
+            row = RowBuilder(metric, "us", ("ours", "ref"), "ref", "ours")
+            row.set("ref", _summary(1.0))
+            row.set("ours", _summary(ours))
+            ctx.emit(row.build())
+        raise KeyboardInterrupt("cut")  # what a time limit's signal leaves: no end of run
+
+    long = Workload("long", "demo", ("ours", "ref"), "ref",
+                    (Target("ours", "ref", 1.0, metric="first"),
+                     Target("ours", "ref", 1.0, metric="second")), run)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_workloads([long], quick=True, checkpoint=seen.append)
+    assert [[r.metric for r in report.rows] for report in seen] == [["first"],
+                                                                     ["first", "second"]]
+    assert [[t.status for t in report.targets] for report in seen] == [
+        ["PASS", "N/A"], ["PASS", "MISS"]]
+
+
 # -- a broken install is an error; only a missing torch is n/a ------------------------------
 
 
