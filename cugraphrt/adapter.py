@@ -27,8 +27,9 @@ streams, capture). What the core **offers** it, in four groups:
   checks of a routed replay (:func:`check_replay`, :func:`note_replay`) and the switches
   every replay reads (:data:`FLAGS`).
 * **Namespaces** of lower-level services: :data:`cuda` (stream captures and statuses),
-  :data:`diagnose` (why a capture failed), :data:`control` (building loops and branches),
-  :data:`collectives` (recording and checking collectives), :data:`tree` (nested arguments).
+  :data:`blas` (cuBLAS calls on a framework's handle), :data:`diagnose` (why a capture
+  failed), :data:`control` (building loops and branches), :data:`collectives` (recording
+  and checking collectives), :data:`tree` (nested arguments).
 * **Streams and devices**: :func:`check_capture_stream`, :func:`check_replay_stream`,
   :func:`stream_ptr`.
 * **Backing allocators**, where a pool's segments come from (``MemPool(backing=...)``):
@@ -70,6 +71,7 @@ from cugraphrt._capture.stream_capture import Capture
 from cugraphrt._control import bodies as _bodies
 from cugraphrt._control import loops as _loops
 from cugraphrt._control.loops import Frontend as ControlFrontend
+from cugraphrt._cuda import cublas as _cublas
 from cugraphrt._cuda import runtime as _runtime
 from cugraphrt._cuda.devices import check_capture_stream, check_replay_stream, stream_ptr
 from cugraphrt._flags import FLAGS, ReplayFlags
@@ -117,7 +119,7 @@ __all__ = [
     # streams, devices, options
     "check_capture_stream", "check_replay_stream", "stream_ptr", "Frozen", "ControlFrontend",
     # namespaces
-    "cuda", "diagnose", "control", "collectives", "tree",
+    "cuda", "blas", "diagnose", "control", "collectives", "tree",
 ]
 
 
@@ -216,6 +218,12 @@ cuda = SimpleNamespace(
     CAPTURED_EVENT=_runtime.CAPTURED_EVENT,
     CAPTURE_WRONG_THREAD=_runtime.CAPTURE_WRONG_THREAD,
 )
+
+#: cuBLAS calls a framework makes on its own handle: ``gemm_batched_ex`` (pointer arrays), and
+#: ``mapped_libraries`` (the cuBLAS files in the process: the call is bound to the first one,
+#: so a framework's handle may be passed only where there is one).
+blas = SimpleNamespace(gemm_batched_ex=_cublas.gemm_batched_ex,
+                       mapped_libraries=_cublas.mapped_libraries)
 
 #: Why a capture failed: ``capture_error_from``, ``invalidated_error``,
 #: ``where_in_user_code``.

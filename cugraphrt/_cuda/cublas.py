@@ -13,8 +13,8 @@ import threading
 
 from cugraphrt.errors import CugraphrtError
 
-__all__ = ["GEMM_FUNCTIONS", "create_handle", "gemm", "mirror_modes", "set_stream",
-           "set_workspace", "workspace_bytes"]
+__all__ = ["GEMM_FUNCTIONS", "create_handle", "gemm", "gemm_batched_ex", "mapped_libraries",
+           "mirror_modes", "set_stream", "set_workspace", "workspace_bytes"]
 
 _vp, _i, _ll = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
 
@@ -24,6 +24,8 @@ _GEMM = [_i, _i, _i, _i, _i, _vp, _vp, _i, _vp, _i, _vp, _vp, _i]
 _GEMM_EX = [_i, _i, _i, _i, _i, _vp, _vp, _i, _i, _vp, _i, _i, _vp, _vp, _i, _i]
 _GEMM_BATCHED = [_i, _i, _i, _i, _i, _vp, _vp, _i, _vp, _i, _vp, _vp, _i, _i]
 _GEMM_STRIDED = [_i, _i, _i, _i, _i, _vp, _vp, _i, _ll, _vp, _i, _ll, _vp, _vp, _i, _ll, _i]
+_GEMM_BATCHED_EX = [_i, _i, _i, _i, _i, _vp, _vp, _i, _i, _vp, _i, _i, _vp, _vp, _i, _i, _i,
+                    _i, _i]
 GEMM_FUNCTIONS: dict[str, tuple[str, list]] = {
     "sgemm": ("cublasSgemm_v2", _GEMM),
     "dgemm": ("cublasDgemm_v2", _GEMM),
@@ -76,6 +78,8 @@ class _Library:
             name: _fn(lib, symbol, [_vp] + argtypes)
             for name, (symbol, argtypes) in GEMM_FUNCTIONS.items()
         }
+        # Not one of CuPy's wrappers (CuPy has no gemmBatchedEx): pointer arrays of any type.
+        self.gemm_batched_ex = _fn(lib, "cublasGemmBatchedEx", [_vp] + _GEMM_BATCHED_EX)
 
 
 def _fn(lib: ctypes.CDLL, name: str, argtypes: list):
@@ -85,22 +89,37 @@ def _fn(lib: ctypes.CDLL, name: str, argtypes: list):
     return fn
 
 
+def _mapped(stem: str) -> list[str]:
+    """Paths mapped into this process whose file names start with ``stem`` (cuBLAS's own,
+    not cuBLASLt's), in map order, each once."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                path = line.rsplit(None, 1)[-1]
+                name = os.path.basename(path)
+                if name.startswith(stem) and "Lt" not in name and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def mapped_libraries(stem: str = "libcublas.so") -> list[str]:
+    """The distinct files mapped into this process whose names start with ``stem`` (cuBLAS
+    itself by default), by real path: one where every framework shares one cuBLAS, so that a
+    handle of one can be passed to a call bound by another."""
+    return sorted({os.path.realpath(path) for path in _mapped(stem)})
+
+
 def _loaded_library_path(stem: str) -> str:
     """Path of an already loaded shared library whose file name starts with ``stem``.
 
     Binding the very file CuPy loaded guarantees one copy of cuBLAS in the process, so
     handles and modes are shared state, not two libraries' worth.
     """
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                path = line.rsplit(None, 1)[-1]
-                name = os.path.basename(path)
-                if name.startswith(stem) and "Lt" not in name:
-                    return path
-    except OSError:
-        pass
-    return stem + ".13"  # let the dynamic linker find it by its soname
+    found = _mapped(stem)
+    return found[0] if found else stem + ".13"  # else the dynamic linker finds the soname
 
 
 _library: _Library | None = None
@@ -152,3 +171,22 @@ def set_workspace(handle: int, ptr: int, nbytes: int) -> None:
 def gemm(name: str, handle: int, *args: object) -> int:
     """The GEMM-family function ``name`` (CuPy's wrapper name) on ``handle``; its status."""
     return int(_lib().gemms[name](handle, *args))
+
+
+def gemm_batched_ex(handle: int, transa: int, transb: int, m: int, n: int, k: int,
+                    a_array: int, a_type: int, lda: int, b_array: int, b_type: int, ldb: int,
+                    c_array: int, c_type: int, ldc: int, batch: int, compute_type: int,
+                    algo: int) -> None:
+    """``cublasGemmBatchedEx`` with alpha 1 and beta 0 (float scalars on the host: a 32-bit
+    float compute type), ``C[i] = op(A[i]) op(B[i])`` for the device arrays of ``batch``
+    pointers ``a_array``, ``b_array`` and ``c_array``, on ``handle`` as it is (its stream,
+    workspace and modes: a framework's own handle computes as that framework's GEMMs do).
+
+    The pointers are read on the device when the GEMM runs, so a graph that captures the
+    call replays it over whatever the arrays hold then.
+    """
+    one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    check(_lib().gemm_batched_ex(handle, transa, transb, m, n, k, ctypes.byref(one), a_array,
+                                 a_type, lda, b_array, b_type, ldb, ctypes.byref(zero),
+                                 c_array, c_type, ldc, batch, compute_type, algo),
+          "cublasGemmBatchedEx")

@@ -229,6 +229,15 @@ def test_mixture_of_experts_models_keep_generates_tokens(arch):
     got = generator.generate(ids, mask, max_new_tokens=40, pad_token_id=0)
     assert torch.equal(got, expected)
     assert model.get_experts_implementation() == own
+    # The decode warm-ups (outside the captures) checked the projections' shapes at batch
+    # bucket 4 (8 token-expert pairs), whichever way each then computes (expert_matmul).
+    from cugraphrt_torch.inference import expert_matmul
+
+    (experts,) = {type(m): m for m in model.modules()
+                  if type(m).__name__.endswith("Experts")}.values()
+    checked = {key[1:] for key in expert_matmul.checked_shapes()}
+    for weights in (experts.gate_up_proj, experts.down_proj):
+        assert (torch.bfloat16, *weights.shape, 8, False) in checked
 
 
 @pytest.mark.parametrize("arch", ["mistral", "gemma2", "gemma3", "gpt_oss"])

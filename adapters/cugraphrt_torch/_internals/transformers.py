@@ -123,11 +123,12 @@ def view_length(view: Any) -> int:
 
 
 @contextlib.contextmanager
-def graph_safe_experts(module: Any) -> Iterator[bool]:
+def graph_safe_experts(module: Any, implementation: str | None = None) -> Iterator[bool]:
     """While the block runs, every transformers mixture-of-experts model in ``module`` (itself
     or a submodule) computes its experts with ``batched_mm`` (yields True), whose forward reads
     no routing on the host; each model's own implementation comes back after. Anything else
-    runs as it is (yields False).
+    runs as it is (yields False). ``implementation``: that one instead, for every model (a
+    name :func:`.experts.register_experts` registered: ``batched_mm``'s forward too).
 
     The default experts of transformers 5.17 read routing counts on the host (``offs.tolist()``
     in ``grouped_mm``'s fallback, a loop over the experts hit in ``eager``), which a capture
@@ -144,8 +145,9 @@ def graph_safe_experts(module: Any) -> Iterator[bool]:
                     or not hasattr(model, "get_experts_implementation"):
                 continue
             original = model.get_experts_implementation()
-            wanted = {key: value if value in GRAPH_SAFE_EXPERTS else GRAPH_SAFE_EXPERTS[0]
-                      for key, value in original.items()}
+            wanted = {key: implementation or (
+                value if value in GRAPH_SAFE_EXPERTS else GRAPH_SAFE_EXPERTS[0])
+                for key, value in original.items()}
             if wanted != original:
                 model.set_experts_implementation(wanted)
                 switched.append((model, original))

@@ -40,6 +40,7 @@ from .._internals import tensors as _tensors
 from .._internals import transformers as _transformers
 from .._internals import window_cache as _window_cache
 from ..compile._eager_kernels import Numerics, inductor_backend
+from ..inference import expert_matmul as _expert_matmul
 from ._sampling import Sampler
 from ._speculative import DraftModel, PromptLookup, Speculator
 
@@ -127,12 +128,14 @@ class Program:
         #: With sampling: the rows' settings and random streams (a step draws its noise
         #: before the step, outside the compiled code: the draw is a CuPy kernel).
         self.sampler = sampler
-        # Decode steps on a GPU run a mixture-of-experts model's experts with transformers'
+        # Decode steps on a GPU run a mixture-of-experts model's experts as transformers'
         # batched_mm, as generate's decoding does (_optimize_model_for_decode), which is also
-        # what a capture can record (no routing read on the host); the prefill keeps the
-        # model's own, as generate's. On the CPU generate keeps the model's own throughout.
+        # what a capture can record (no routing read on the host): its forward, with each
+        # projection reading the experts' weights in place where that gives its bits
+        # (expert_matmul); the prefill keeps the model's own, as generate's. On the CPU
+        # generate keeps the model's own throughout.
         self._decode_experts: Callable[[], contextlib.AbstractContextManager[Any]] = (
-            (lambda: _transformers.graph_safe_experts(model))
+            (lambda: _transformers.graph_safe_experts(model, _expert_matmul.register()))
             if state.ids.device.type == "cuda" else contextlib.nullcontext)
         self.views: dict[tuple[int, int], Any] = {}
         self.counters = _transformers.write_counters(cache)
