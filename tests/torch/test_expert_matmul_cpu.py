@@ -81,3 +81,13 @@ def test_mapped_libraries_lists_each_file_once_by_its_real_path():
     assert found and all(os.path.isabs(p) and os.path.realpath(p) == p for p in found)
     assert len(found) == len(set(found))
     assert blas.mapped_libraries("no-such-library-") == []
+
+
+def test_a_layout_cublas_refuses_counts_as_a_shape_that_does_not_fit(monkeypatch):
+    from cugraphrt.errors import CugraphrtError
+
+    def refused(*args):
+        raise CugraphrtError("cublasGemmBatchedEx failed (got cuBLAS status 15)")
+
+    monkeypatch.setattr(expert_matmul, "_pointer_gemm", refused)
+    assert expert_matmul._same_bits(torch.randn(3, 4, 5), torch.randn(2, 5), False) is False
