@@ -91,3 +91,37 @@ def test_a_layout_cublas_refuses_counts_as_a_shape_that_does_not_fit(monkeypatch
 
     monkeypatch.setattr(expert_matmul, "_pointer_gemm", refused)
     assert expert_matmul._same_bits(torch.randn(3, 4, 5), torch.randn(2, 5), False) is False
+
+
+def test_registering_again_keeps_the_same_forward_which_dynamo_guards_on():
+    from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+    name = expert_matmul.register()
+    first = ALL_EXPERTS_FUNCTIONS[name]
+    assert expert_matmul.register() == name
+    assert ALL_EXPERTS_FUNCTIONS[name] is first
+
+
+def test_a_compiled_step_compiles_once_over_many_switches_to_our_experts():
+    # The Generator's decode switches the experts to ours around every step (and registers
+    # them again): the compiled step must not recompile for that, as it would if each
+    # registration made a new function for dynamo's guard on the implementation.
+    model, experts = _experts_of("mixtral", torch.float32)
+    compiles = []
+
+    def count(gm, example_inputs):
+        compiles.append(1)
+        return gm.forward
+
+    torch.compiler.reset()
+    step = torch.compile(lambda h, i, w: experts(h, i, w), backend=count)
+    hidden = torch.randn(3, 64)
+    weights, ids = torch.topk(torch.randn(3, experts.num_experts).softmax(-1), 2, dim=-1)
+    outputs = []
+    for _ in range(4):
+        model.set_experts_implementation(expert_matmul.register())
+        outputs.append(step(hidden, ids, weights))
+        model.set_experts_implementation("batched_mm")
+    assert len(compiles) == 1
+    model.set_experts_implementation("batched_mm")
+    assert all(torch.equal(o, experts(hidden, ids, weights)) for o in outputs)

@@ -41,17 +41,30 @@ def gathered_linear(weights: Any, ids: Any, x: Any, transposed: bool) -> Any:
     return torch.bmm(selected, x.unsqueeze(-1)).squeeze(-1)
 
 
+#: name -> (matmul, the forward registered for it): registering the same pair again keeps the
+#: same function object, which dynamo guards on (a new one at every decode step would
+#: recompile the step every time).
+_registered: dict[str, tuple[GatheredMatmul, Callable[..., Any]]] = {}
+
+
 def register_experts(name: str, matmul: GatheredMatmul) -> None:
     """Register ``name`` as a transformers experts implementation: ``batched_mm``'s forward
     with its projections computed by ``matmul`` (see the module). Registering a name again
-    replaces its matmul."""
+    with another matmul replaces it; with the same one, it keeps the same forward."""
     from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
-    def forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
-        return _forward(self, hidden_states, top_k_index, top_k_weights, matmul)
+    known = _registered.get(name)
+    if known is not None and known[0] is matmul:
+        forward = known[1]
+    else:
+        def forward(self: Any, hidden_states: Any, top_k_index: Any,
+                    top_k_weights: Any) -> Any:
+            return _forward(self, hidden_states, top_k_index, top_k_weights, matmul)
 
-    forward.__name__ = forward.__qualname__ = f"{name}_experts_forward"
-    ALL_EXPERTS_FUNCTIONS.register(name, forward)
+        forward.__name__ = forward.__qualname__ = f"{name}_experts_forward"
+        _registered[name] = (matmul, forward)
+    if ALL_EXPERTS_FUNCTIONS.get(name) is not forward:
+        ALL_EXPERTS_FUNCTIONS.register(name, forward)
 
 
 def _forward(self: Any, hidden_states: Any, top_k_index: Any, top_k_weights: Any,
