@@ -13,9 +13,10 @@ operation is ``batched_mm``'s, in its order, so a function that returns
 Tested on transformers 5.17: ``ExpertsInterface.register`` (``ALL_EXPERTS_FUNCTIONS``), the
 experts modules' ``num_experts``, ``has_gate``, ``has_bias``, ``is_transposed``,
 ``gate_up_proj``/``up_proj``, ``down_proj`` (and their ``_bias``), ``_apply_gate`` and
-``act_fn``. ``tests/torch/test_expert_matmul_cpu.py`` checks the forward bit for bit
-against transformers' own for Mixtral, Qwen3-MoE and gpt-oss, which catches a release that
-changes ``batched_mm``.
+``act_fn``; ``_batched_linear(input, weight, bias=None, is_transposed=False)``.
+``tests/torch/test_expert_matmul_cpu.py`` checks the forward bit for bit against
+transformers' own for Mixtral, Qwen3-MoE and gpt-oss, which catches a release that changes
+``batched_mm``.
 """
 
 from __future__ import annotations
@@ -31,14 +32,11 @@ GatheredMatmul = Callable[[Any, Any, Any, bool], Any]
 
 
 def gathered_linear(weights: Any, ids: Any, x: Any, transposed: bool) -> Any:
-    """What ``batched_mm`` computes for a projection: ``_batched_linear`` (one strided
-    batched matmul) over ``weights[ids]``, the copy of each pair's weights."""
-    import torch
+    """What ``batched_mm`` computes for a projection: transformers' own ``_batched_linear``
+    (one strided batched matmul) over ``weights[ids]``, the copy of each pair's weights."""
+    from transformers.integrations.moe import _batched_linear
 
-    selected = weights[ids]
-    if transposed:
-        return torch.bmm(x.unsqueeze(1), selected).squeeze(1)
-    return torch.bmm(selected, x.unsqueeze(-1)).squeeze(-1)
+    return _batched_linear(x, weights[ids], is_transposed=transposed)
 
 
 #: name -> (matmul, the forward registered for it): registering the same pair again keeps the

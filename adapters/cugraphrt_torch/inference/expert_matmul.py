@@ -134,14 +134,11 @@ def _pointer_gemm(weights: torch.Tensor, ids: torch.Tensor, x: torch.Tensor,
     b = x.data_ptr() + index * (inner * size)
     c = out.data_ptr() + index * (outer * size)
     kind = _DATA_TYPES[weights.dtype]
+    # Transposed: W is inner x outer row-major, which cuBLAS reads as the outer x inner
+    # matrix itself (ld outer); else outer x inner row-major, read as its transpose (ld inner).
+    op, lda = (_OP_N, outer) if transposed else (_OP_T, inner)
     handle = torch.cuda.current_blas_handle()  # bound by torch to the current stream
-    if transposed:  # out[s] (1 x outer) = x[s] (1 x inner) @ W (inner x outer, row-major)
-        _blas.gemm_batched_ex(handle, _OP_N, _OP_N, outer, 1, inner, a.data_ptr(), kind,
-                              outer, b.data_ptr(), kind, inner, c.data_ptr(), kind, outer,
-                              pairs, _COMPUTE_32F, _DEFAULT_TENSOR_OP)
-    else:  # out[s] (outer) = W (outer x inner, row-major: op T of cuBLAS's view) @ x[s]
-        _blas.gemm_batched_ex(handle, _OP_T, _OP_N, outer, 1, inner, a.data_ptr(), kind,
-                              inner, b.data_ptr(), kind, inner, c.data_ptr(), kind, outer,
-                              pairs, _COMPUTE_32F, _DEFAULT_TENSOR_OP)
+    _blas.gemm_batched_ex(handle, op, _OP_N, outer, 1, inner, a.data_ptr(), kind, lda,
+                          b.data_ptr(), kind, inner, c.data_ptr(), kind, outer, pairs,
+                          _COMPUTE_32F, _DEFAULT_TENSOR_OP)
     return out
-
