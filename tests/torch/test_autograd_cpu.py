@@ -544,3 +544,56 @@ def test_a_graphed_module_and_its_callable_go_without_a_garbage_collection():
         assert watch[0]() is None and watch[1]() is None
     finally:
         gc.enable()
+
+
+def test_a_callables_gradient_targets_are_read_once_after_its_first_call(monkeypatch):
+    # Warm-ups and both captures ask for the targets: one walk of the module's parameters
+    # serves them all (a ResNet's walk per call was build time on the host), and it happens
+    # after the first call, so that a lazy module's parameters exist.
+    from cugraphrt_torch.autograd.autograd import _Work
+
+    module = torch.nn.LazyLinear(3).to(F64)
+    x = torch.randn(5, 4, dtype=F64, requires_grad=True)
+    walks = []
+    original = torch.nn.Module.named_parameters
+
+    def counting(self, *args, **kwargs):
+        walks.append(self)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "named_parameters", counting)
+    work = _Work(module, (x,), {}, strict_dtypes=False)
+    work.call()
+    first = work.targets()
+    assert work.targets() is first and work.targets() is first
+    assert walks == [module]
+    assert [label for _, label in first] == ["args[0]", "parameter 'weight'",
+                                            "parameter 'bias'"]
+    assert first[1][0] is module.weight and first[1][0].shape == (3, 4)
+
+
+def test_gradient_buffer_baselines_read_each_held_storage_once(monkeypatch):
+    # One gradient buffer per parameter, each counted against the callable's held tensors:
+    # grouped by storage in one pass (a pass per buffer was quadratic in a ResNet's
+    # parameters), with the counts it found before: a view of a buffer adds its base.
+    buffers = [torch.randn(4, dtype=F64) for _ in range(12)]
+    others = [torch.randn(3, dtype=F64) for _ in range(30)]
+    view = buffers[5][1:]
+    held = others + buffers + [view]
+    reads = []
+    original = _autograd_guard._storage_id
+
+    def counting(tensor):
+        reads.append(tensor)
+        return original(tensor)
+
+    monkeypatch.setattr(_autograd_guard, "_storage_id", counting)
+    slots = [(1 + j, b, None, f"args[{j}]") for j, b in enumerate(buffers)]
+    grads = GradBuffers(slots, held, "fn")
+    assert len(reads) <= len(held) + 2 * len(buffers)  # a pass per buffer read 500 or more
+    assert grads.copy == [False] * len(buffers)
+    baselines = {key: baseline for key, baseline, _ in grads.storages}
+    for j, buffer in enumerate(buffers):
+        # Held tensors over it (itself; the view and its base for buffer 5) + the storage
+        # object _storage_id made.
+        assert baselines[original(buffer)] == (2 if j == 5 else 1) + 1

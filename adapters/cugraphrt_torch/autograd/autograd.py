@@ -158,7 +158,7 @@ class _Work:
 
     __slots__ = ("fn", "args", "kwargs", "name", "plan", "user_targets", "param_targets",
                  "outputs", "fwd_graph", "bwd_graph", "fwd_seq", "bwd_seq", "grad_outputs",
-                 "grad_inputs")
+                 "grad_inputs", "_targets")
 
     # Set by _capture().
     outputs: OutputPlan
@@ -172,6 +172,7 @@ class _Work:
         self.user_targets = [(self.plan.statics[i], self.plan.paths[i])
                              for i in self.plan.grad_indices]
         self.param_targets: list = []
+        self._targets: list | None = None
         self.bwd_graph: cugraphrt.Graph | None = None
         self.bwd_seq = -1
         self.grad_outputs: list = []
@@ -179,11 +180,15 @@ class _Work:
 
     def targets(self) -> list:
         """(tensor, label) of everything a gradient is captured for: arguments, then
-        parameters. Parameters are read after warm-up (lazy modules create them there)."""
-        if isinstance(self.fn, torch.nn.Module):
-            self.param_targets = [(p, n) for n, p in self.fn.named_parameters()
-                                  if p.requires_grad]
-        return self.user_targets + [(p, f"parameter {n!r}") for p, n in self.param_targets]
+        parameters. Parameters are read after the first call (lazy modules create them
+        there), once: a walk of a ResNet's modules per warm-up and capture was build time."""
+        if self._targets is None:
+            if isinstance(self.fn, torch.nn.Module):
+                self.param_targets = [(p, n) for n, p in self.fn.named_parameters()
+                                      if p.requires_grad]
+            self._targets = self.user_targets + [(p, f"parameter {n!r}")
+                                                 for p, n in self.param_targets]
+        return self._targets
 
     def call(self) -> Any:
         return self.fn(*self.args, **self.kwargs)
