@@ -184,7 +184,7 @@ class _DynamoGraph:
         """An inference graph that computes on the host from its CPU inputs, its host work
         split off to run eagerly and the rest graphed (``_host_prefix``); None where the
         graph has no such work, or its device work cannot be graphed either."""
-        names = _fx_inspect.placeholder_names(graph)
+        names = self._names(graph, "inference")
         if _fx_inspect.uncapturable_reason(graph, inputs, names) is None:
             return None
         split = split_host_prefix(graph, inputs)
@@ -194,8 +194,6 @@ class _DynamoGraph:
         if _fx_inspect.uncapturable_reason(split.device, split.example_inputs,
                                            device_names) is not None:
             return None
-        if len(names) == len(self.dynamo_names):
-            names = self.dynamo_names
         inner = [names[i] for i in split.device_inputs] + list(split.copy_names)
         static = set(_forward_static(len(inputs)))
         inner_static = [j for j, i in enumerate(split.device_inputs) if i in static]
@@ -207,9 +205,7 @@ class _DynamoGraph:
     def piece(self, compiled, graph, inputs, kind: str, static,
               names: list[str] | None = None) -> AotGraph:
         if names is None:
-            names = _fx_inspect.placeholder_names(graph)
-            if kind != "backward" and len(names) == len(self.dynamo_names):
-                names = self.dynamo_names  # the user's: l_self_modules_fc_parameters_weight_
+            names = self._names(graph, kind)
         if kind == "backward":
             static = self._backward_static(names)
         elif static is None:
@@ -234,6 +230,12 @@ class _DynamoGraph:
                      mutated=mutated, dynamic=dynamic,
                      reason=_fx_inspect.uncapturable_reason(graph, inputs, names),
                      settings=self.settings, buckets=buckets, bucket_note=note)
+
+    def _names(self, graph, kind: str) -> list[str]:
+        names = _fx_inspect.placeholder_names(graph)
+        if kind != "backward" and len(names) == len(self.dynamo_names):
+            return self.dynamo_names  # the user's: l_self_modules_fc_parameters_weight_
+        return names
 
     def _backward_static(self, names: list[str]) -> list[int]:
         # A backward reads the forward's inputs it saved as placeholders primals_<k+1>; only
