@@ -22,6 +22,7 @@ cugraphrt's own (the calls themselves: :mod:`cugraphrt._cuda.cublas`):
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import weakref
 
@@ -191,14 +192,22 @@ def _guarded_destroy(original):
     The destroy waits until no capture is underway and holds new ones back meanwhile; from
     a thread that captures itself (a garbage collection in its capture) it runs when the
     last capture ends. CuPy's handles bind the function when they are made, so handles made
-    before cugraphrt installed this keep CuPy's own."""
+    before cugraphrt installed this keep CuPy's own.
+
+    CuPy's handles of ended threads can die in the interpreter's teardown, after this
+    module's globals were set to None; what the destroy needs there is bound here, and a
+    finalizing interpreter destroys at once (no capture can be underway). Reading a cleared
+    global printed an empty "Error in sys.excepthook" after every multi-threaded run."""
+    activity, alone, finalizing = capture_activity, _destroy_alone, sys.is_finalizing
 
     @functools.wraps(original)
     def destroy(handle):
-        if capture_activity.active_in_this_thread():
-            capture_activity.defer_or_run(lambda: _destroy_alone(original, handle))
+        if finalizing():
+            return original(handle)
+        if activity.active_in_this_thread():
+            activity.defer_or_run(lambda: alone(original, handle))
             return None
-        return _destroy_alone(original, handle)
+        return alone(original, handle)
 
     destroy.__cugraphrt_original__ = original
     return destroy

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 
 from cugraphrt._libraries import cublas as _cublas
@@ -85,3 +88,36 @@ def test_a_handle_destroyed_inside_a_capture_is_destroyed_after_it():
     assert destroyed == [0xD2, 0xD3]
     _cublas.install(module, already_loaded=False)  # idempotent: wrapped once
     assert module.destroy.__cugraphrt_original__ == destroyed.append
+
+
+# A handle that dies in the interpreter's teardown, as CuPy's thread-local cuBLAS handles
+# do: sys's dict is cleared after every module's globals were set to None, and cugraphrt's
+# module outlives the collection before that, as the CuPy modules that hold its wrappers do.
+_TEARDOWN = textwrap.dedent("""
+    import os, sys
+    from cugraphrt._libraries import cublas as _cublas
+
+    class Handle:
+        def __init__(self, number, destroy):
+            self.number, self.destroy = number, destroy
+
+        def __del__(self, _write=os.write, _repr=repr):
+            try:
+                self.destroy(self.number)
+            except BaseException as exc:
+                _write(1, b"failed: " + _repr(exc).encode() + b"\\n")
+
+    destroy = _cublas._guarded_destroy(lambda n, _write=os.write: _write(1, b"destroyed %d\\n" % n))
+    sys._late_handle = Handle(7, destroy)
+    sys._late_module = _cublas
+""")
+
+
+def test_a_handle_destroyed_in_the_interpreters_teardown_is_destroyed():
+    """The wrapped destroy needs none of its module's globals once the interpreter finalizes
+    (before: "'NoneType' object has no attribute 'active_in_this_thread'", printed as an
+    empty "Error in sys.excepthook" at the end of every multi-threaded GPU run)."""
+    done = subprocess.run([sys.executable, "-c", _TEARDOWN], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "destroyed 7\n", done.stdout + done.stderr
