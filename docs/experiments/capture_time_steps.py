@@ -72,7 +72,7 @@ STEPS = (
     (_stream_capture, "_finish", "ours:   pool and capture bookkeeping, deferred sweeps"),
     (_alloc, "_sweep", "ours:   sweep of released torch objects"),
     (_graphs.Graph, "_end", "ours:   core end (incl. the two above)"),
-    (_capture_mod._Instantiate, "__call__", "ours:   instantiate (torch)"),
+    (_capture_mod.Instantiate, "__call__", "ours:   instantiate (torch)"),
     (_module.GraphedModule, "__init__", "ours: call path set-up (copy-in, output check)"),
     (_torch, "drop_blas_workspaces", "ours: cuBLAS workspace clear"),
 )
