@@ -5,6 +5,7 @@
 * The core never imports an adapter, nor the bench outside the CLI's lazy import.
 * Every CUDA call goes through the ``cugraphrt._cuda`` floor.
 * No import cycle between modules, nor between the core's rooms (its folders).
+* The torch adapter's folders import only folders of a lower layer (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -285,6 +286,54 @@ def test_no_import_cycle_between_the_rooms_of_the_core():
                 rooms.setdefault(a, set()).add(b)
     cycle = _cycle(rooms)
     assert cycle is None, "rooms import each other: " + " -> ".join(cycle or [])
+
+
+#: The torch adapter's folders, bottom up: a folder imports only folders of lower layers
+#: (lazily inside a function too). torch's private names live in ``_internals``; capture and
+#: memory sit on it; the callables, the compile backend, control flow and distributed
+#: capture beside each other on capture; inference pieces use the compile backend; generation
+#: is on top. The package's ``__init__`` only re-exports.
+ADAPTER_LAYERS = (("_internals",), ("capture",),
+                  ("autograd", "compile", "control", "distributed"), ("inference",),
+                  ("generation",))
+
+
+def _arrows_up(edges: dict[str, set[str]]) -> list[str]:
+    """Folder imports that do not go strictly down ``ADAPTER_LAYERS``."""
+    level = {name: i for i, layer in enumerate(ADAPTER_LAYERS) for name in layer}
+    return [f"{a} -> {b}" for a, targets in sorted(edges.items()) for b in sorted(targets)
+            if a not in level or b not in level or level[b] >= level[a]]
+
+
+def _adapter_folder_edges() -> dict[str, set[str]]:
+    files = _files(TORCH_ADAPTER)
+    known = {_module(p) for p in files}
+    edges: dict[str, set[str]] = {}
+    for path in files:
+        source = _module(path).split(".")
+        if len(source) < 3:  # cugraphrt_torch/__init__.py: the top, re-exports only
+            continue
+        for module, name, _ in _imports(path):
+            target = f"{module}.{name}" if f"{module}.{name}" in known else module
+            parts = target.split(".")
+            if target in known and len(parts) >= 2 and parts[1] != source[1]:
+                edges.setdefault(source[1], set()).add(parts[1])
+    return edges
+
+
+def test_the_torch_adapters_folders_import_only_downward():
+    edges = _adapter_folder_edges()
+    folders = {p.name for p in TORCH_ADAPTER.iterdir() if (p / "__init__.py").is_file()}
+    assert folders == {name for layer in ADAPTER_LAYERS for name in layer}, \
+        "a folder of the adapter is missing from ADAPTER_LAYERS, or gone"
+    assert _arrows_up(edges) == []
+    assert _cycle(edges) is None
+
+
+def test_the_layer_rule_sees_an_arrow_up():
+    assert _arrows_up({"capture": {"generation"}}) == ["capture -> generation"]
+    assert _arrows_up({"compile": {"control"}}) == ["compile -> control"]  # same layer
+    assert _arrows_up({"generation": {"capture", "_internals"}}) == []
 
 
 def test_the_cycle_finder_finds_a_cycle():
