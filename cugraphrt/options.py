@@ -269,13 +269,35 @@ def validate_options(model: type[_Model], **values: object) -> _Model:
     OptionsError
         Naming the first offending field, the value given and the allowed values.
     """
+    # Every build validates its options: a frozen model of hashable values is kept, keyed
+    # by each value's type too (strict models tell True from 1), and handed out again.
+    key: tuple | None = None
+    if model.model_config.get("frozen"):
+        key = (model, tuple((name, type(v), v) for name, v in values.items()))
+        try:
+            known = _validated.get(key)
+        except TypeError:  # an unhashable value (a list): validated every time
+            key = None
+        else:
+            if known is not None:
+                return typing.cast(_Model, known)
     try:
-        return model(**values)
+        validated = model(**values)
     except ValidationError as exc:
         error = exc.errors()[0]
         field = str(error["loc"][0]) if error["loc"] else model.__name__
         value = values.get(field, error.get("input"))
         raise OptionsError(field, value, _allowed(model, field, error)) from exc
+    if key is not None:
+        if len(_validated) >= _VALIDATED_LIMIT:
+            _validated.clear()
+        _validated[key] = validated
+    return validated
+
+
+#: (model, ((field, type, value), ...)) -> the frozen model validated from them.
+_validated: dict[tuple, BaseModel] = {}
+_VALIDATED_LIMIT = 256
 
 
 def _allowed(model: type[BaseModel], field: str, error: typing.Mapping[str, typing.Any]) -> str:

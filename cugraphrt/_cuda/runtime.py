@@ -9,10 +9,8 @@ needs no package beyond CuPy. Every CUDA status, from either path, goes through
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from cupy_backends.cuda.api import driver as _cupy_driver
@@ -209,20 +207,22 @@ def capture_info(stream_ptr: int) -> tuple[int, int]:
     return status.value, capture_id.value
 
 
-@contextlib.contextmanager
-def relaxed_capture_mode() -> Iterator[None]:
+class relaxed_capture_mode:  # lower case: used as a function, with relaxed_capture_mode()
     """Let this thread make unsafe calls (cudaMalloc, cudaFree) while captures are underway.
 
     This is PyTorch's approach to growing a graph pool during a global-mode capture: the
     thread's capture mode is exchanged for relaxed around the call and restored afterwards.
+    A class rather than a generator context: every segment a pool takes passes here.
     """
-    exchange = driver().exchange_mode
-    mode = ctypes.c_int(_MODE_RELAXED)
-    check(exchange(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
-    try:
-        yield
-    finally:
-        exchange(ctypes.byref(mode))
+
+    __slots__ = ("_mode",)
+
+    def __enter__(self) -> None:
+        mode = self._mode = ctypes.c_int(_MODE_RELAXED)
+        check(driver().exchange_mode(ctypes.byref(mode)), "cuThreadExchangeStreamCaptureMode")
+
+    def __exit__(self, *exc: object) -> None:
+        driver().exchange_mode(ctypes.byref(self._mode))
 
 
 def instantiate(graph_handle: int) -> int:

@@ -365,3 +365,53 @@ def test_a_workspace_owners_captures_keep_torchs_cached_workspaces(monkeypatch):
     third = Owner()  # the dead owner's workspaces are nobody's
     _torch.blas_workspaces_for(third)
     assert len(clears) == 8
+
+
+# -- the contexts a capture runs in ----------------------------------------------------------
+
+class _Context:
+    def __init__(self, name, log, fail_enter=False, fail_exit=False):
+        self.name, self.log, self.fail_enter, self.fail_exit = name, log, fail_enter, fail_exit
+
+    def __enter__(self):
+        if self.fail_enter:
+            raise RuntimeError(f"enter {self.name}")
+        self.log.append(f"+{self.name}")
+
+    def __exit__(self, *exc):
+        self.log.append(f"-{self.name}")
+        if self.fail_exit:
+            raise RuntimeError(f"exit {self.name}")
+
+
+def test_switched_contexts_are_left_in_reverse():
+    from cugraphrt_torch.capture._torch import Switched
+
+    log: list[str] = []
+    switched = Switched(_Context("a", log), _Context("b", log), _Context("c", log))
+    assert log == ["+a", "+b", "+c"]
+    switched.close()
+    assert log == ["+a", "+b", "+c", "-c", "-b", "-a"]
+    switched.close()  # left once only
+    assert log == ["+a", "+b", "+c", "-c", "-b", "-a"]
+
+
+def test_a_context_that_fails_to_enter_leaves_the_earlier_ones_and_raises_its_error():
+    from cugraphrt_torch.capture._torch import Switched
+
+    log: list[str] = []
+    with pytest.raises(RuntimeError, match="enter b"):
+        Switched(_Context("a", log, fail_exit=True), _Context("b", log, fail_enter=True),
+                 _Context("c", log))
+    assert log == ["+a", "-a"]
+
+
+def test_every_context_is_left_when_one_fails_to_exit_and_the_first_error_is_raised():
+    from cugraphrt_torch.capture._torch import Switched
+
+    log: list[str] = []
+    switched = Switched(_Context("a", log, fail_exit=True), _Context("b", log),
+                        _Context("c", log, fail_exit=True))
+    with pytest.raises(RuntimeError, match="exit c"):
+        switched.close()
+    assert log == ["+a", "+b", "+c", "-c", "-b", "-a"]

@@ -125,6 +125,48 @@ def test_arguments_that_overlap_at_capture_are_copied_in_apart():
                                rtol=0, atol=0)
 
 
+def test_a_module_with_a_tensor_off_the_samples_device_is_refused_by_name():
+    """Every parameter and buffer, nested ones too, is checked against the samples' device
+    before anything runs; the error names the first one that is elsewhere."""
+    sample = torch.randn(2, 8, device="cuda")
+    model = nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(), nn.Linear(8, 4))).cuda()
+    model[1][1].bias = nn.Parameter(torch.zeros(4))  # left on the host
+    with pytest.raises(cugraphrt.OptionsError, match=r"1\.1\.bias on cpu"):
+        cugraphrt_torch.graph_module(model, sample)
+    model = nn.Sequential(nn.Linear(8, 4)).cuda()
+    model[0].register_buffer("scale", torch.ones(4))
+    with pytest.raises(cugraphrt.OptionsError, match=r"0\.scale on cpu"):
+        cugraphrt_torch.graph_module(model, sample)
+
+
+def test_a_submodule_used_twice_is_graphed_once_and_equals_eager(exact_math):
+    shared = nn.Linear(8, 8)
+    model = nn.Sequential(shared, nn.Tanh(), shared).cuda().eval()
+    graphed = cugraphrt_torch.graph_module(model, torch.randn(3, 8, device="cuda"))
+    x = torch.randn(3, 8, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_capture_under_inference_mode_copies_an_inference_sample_and_equals_eager(
+        exact_math):
+    """Under torch.inference_mode() the sample is an inference tensor, which cannot be
+    written outside inference mode: the graph reads a copy of it, and calls made in
+    inference mode or out of it equal eager."""
+    model = _mlp()[0].cuda().eval()
+    with torch.inference_mode():
+        sample = torch.randn(8, 32, device="cuda")
+        graphed = cugraphrt_torch.graph_module(model, sample)
+        static = graphed.static_inputs[0]
+        assert sample.is_inference() and not static.is_inference()
+        assert static.data_ptr() != sample.data_ptr()
+        x = torch.randn(8, 32, device="cuda")
+        torch.testing.assert_close(graphed(x), model(x), rtol=1e-5, atol=1e-5)
+    y = torch.randn(8, 32, device="cuda")
+    with torch.no_grad():
+        torch.testing.assert_close(graphed(y), model(y), rtol=1e-5, atol=1e-5)
+
+
 def test_mismatched_call_runs_eagerly_with_one_warning():
     model = nn.Linear(8, 3).cuda().eval()
     graphed = cugraphrt_torch.graph_module(model, torch.randn(4, 8, device="cuda"))

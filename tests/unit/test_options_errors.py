@@ -177,3 +177,37 @@ def test_pool_checks_switch_reaches_the_replay_path(monkeypatch):
         assert not cugraphrt.pool_checks_enabled() and not FLAGS.pool_checks
     finally:
         cugraphrt.set_pool_checks(False)
+
+
+def test_validated_options_are_kept_per_value_and_type():
+    """validate_options hands out the frozen model it validated before for the same values
+    (every build validates its options), never for values that only compare equal."""
+    from cugraphrt import options as _options
+
+    first = validate_options(MakeGraphedOptions, num_warmup_iters=1, copy_outputs=False)
+    again = validate_options(MakeGraphedOptions, num_warmup_iters=1, copy_outputs=False)
+    assert again is first
+    assert validate_options(MakeGraphedOptions, num_warmup_iters=2).num_warmup_iters == 2
+    # True == 1 and hash(True) == hash(1): the strict model still refuses it after 1 passed.
+    with pytest.raises(OptionsError) as info:
+        validate_options(MakeGraphedOptions, num_warmup_iters=True)
+    assert info.value.field == "num_warmup_iters"
+    with pytest.raises(OptionsError):
+        validate_options(MakeGraphedOptions, copy_outputs=0)  # False passed above
+    # Past the limit the kept models are forgotten, and validation goes on as before.
+    for n in range(_options._VALIDATED_LIMIT + 5):
+        assert validate_options(MakeGraphedOptions, num_warmup_iters=n).num_warmup_iters == n
+    assert len(_options._validated) <= _options._VALIDATED_LIMIT
+
+
+def test_options_with_an_unhashable_value_are_validated_each_time():
+    from cugraphrt.options import Frozen
+
+    class Sizes(Frozen):
+        sizes: tuple[int, ...] | list[int] = ()
+
+    listed = validate_options(Sizes, sizes=[1, 2])
+    assert list(listed.sizes) == [1, 2]
+    assert validate_options(Sizes, sizes=[1, 2]) is not listed
+    with pytest.raises(OptionsError):
+        validate_options(Sizes, sizes=["a"])

@@ -37,5 +37,5 @@ def on_capture_stream(device: int) -> Iterator[None]:
     import torch
 
     cupy_stream, side = _torch.stream_pair(None, device)
-    with fenced(torch.cuda.current_stream(device), side), cupy_stream, torch.cuda.stream(side):
+    with fenced(_torch.current_torch_stream(device), side), cupy_stream, torch.cuda.stream(side):
         yield

@@ -22,11 +22,13 @@ __all__ = [
     "torch_stream_for",
     "cupy_stream_for",
     "current_torch_stream_ptr",
+    "current_torch_stream",
     "stream_handle",
     "stream_pair",
     "drop_blas_workspaces",
     "blas_workspaces_for",
     "give_back_dropped_workspaces",
+    "Switched",
 ]
 
 _lock = threading.Lock()
@@ -83,10 +85,16 @@ def _cached(cache: dict, key: tuple[int, int], make):
 
 def torch_stream_for(ptr: int, device: int):
     """A torch stream object for the raw stream handle ``ptr`` on ``device``."""
-    if ptr == 0:
-        return torch.cuda.default_stream(device)
+    if ptr == 0:  # the device's default stream, as torch itself names it
+        return _cached(_torch_streams, (0, device), lambda: torch.cuda.default_stream(device))
     return _cached(_torch_streams, (ptr, device),
                    lambda: torch.cuda.ExternalStream(ptr, device=device))
+
+
+def current_torch_stream(device: int):
+    """torch's current stream on ``device``, as a (cached) torch stream object: what
+    ``torch.cuda.current_stream(device)`` returns, without building a new one per call."""
+    return torch_stream_for(current_torch_stream_ptr(device), device)
 
 
 def cupy_stream_for(ptr: int, device: int) -> cupy.cuda.Stream:
@@ -224,3 +232,41 @@ def blas_workspaces_for(owner: object | None) -> None:
     drop_blas_workspaces()
     if owner is not None:
         _workspace_owner = weakref.ref(owner)
+
+
+class Switched:
+    """Context managers entered on creation and left in reverse by :meth:`close`: what a
+    capture runs in (torch's device, CuPy's and torch's stream). A list rather than an
+    ExitStack: this runs on every build's clock, where an ExitStack's callbacks cost more
+    host time than the three switches themselves."""
+
+    __slots__ = ("_entered",)
+
+    def __init__(self, *contexts) -> None:
+        entered: list = []
+        try:
+            for context in contexts:
+                context.__enter__()
+                entered.append(context)
+        except BaseException:
+            self._entered = entered
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - the error entering is the one to see
+                pass
+            raise
+        self._entered = entered
+
+    def close(self) -> None:
+        """Leave every context entered, the last first; the first error raised, after all
+        were left."""
+        entered, self._entered = self._entered, []
+        error: BaseException | None = None
+        for context in reversed(entered):
+            try:
+                context.__exit__(None, None, None)
+            except BaseException as exc:  # noqa: BLE001 - leave the others, then raise
+                if error is None:
+                    error = exc
+        if error is not None:
+            raise error

@@ -125,7 +125,7 @@ class graph:
         self.stream = stream
         self.captured: CapturedGraph | None = None
         self._session: _TorchCapture | None = None
-        self._contexts: contextlib.ExitStack | None = None
+        self._contexts: _torch.Switched | None = None
         #: Warm-ups run on the capture stream right before the capture begins, their memory
         #: from its pool (see :func:`warmed_graph`); None: none.
         self._warm_up: Callable[[], None] | None = None
@@ -151,13 +151,11 @@ class graph:
         cupy_stream, torch_stream = _torch.stream_pair(self.stream, device)
         # Warm-ups are fenced against the stream current at entry: the caller's.
         warm_up = None if self._warm_up is None else _Fenced(
-            self._warm_up, torch.cuda.current_stream(device), torch_stream)
+            self._warm_up, _torch.current_torch_stream(device), torch_stream)
         # No device synchronization: it would invalidate other threads' captures (see
         # cugraphrt.graph.__enter__), and nothing runs during a capture anyway.
-        contexts = contextlib.ExitStack()
-        contexts.enter_context(torch.cuda.device(device))
-        contexts.enter_context(cupy_stream)
-        contexts.enter_context(torch.cuda.stream(torch_stream))
+        # torch's device is the runtime's current one, read above: no switch to make there.
+        contexts = _torch.Switched(cupy_stream, torch.cuda.stream(torch_stream))
         try:
             self._session = _TorchCapture.begin(self.cuda_graph, self.pool, self.capture_error_mode,
                                                 torch_stream, device, warm_up,
@@ -171,7 +169,7 @@ class graph:
     def __exit__(self, exc_type, exc, tb) -> Literal[False]:
         # Both are set by a successful __enter__.
         session, self._session = cast("_TorchCapture", self._session), None
-        contexts, self._contexts = cast("contextlib.ExitStack", self._contexts), None
+        contexts, self._contexts = cast("_torch.Switched", self._contexts), None
         try:
             if exc is None:
                 torch_graph = session.end()
