@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +40,7 @@ import numpy
 from cugraphrt._capture import stream_capture as _capture
 from cugraphrt._control.bodies import collective_call
 from cugraphrt._cuda import runtime as _cuda
+from cugraphrt._memory.backing import capture_activity
 from cugraphrt.distributed.crossrank import exchange_over_store
 from cugraphrt.distributed.log import Collective, log_for, release_graphs
 from cugraphrt.distributed.watchdog import collective_timeout, set_collective_timeout
@@ -142,6 +144,11 @@ class Collectives:
         self.label = str(label)
         self._warm: set[tuple] = set()
         self._exchanger = _NcclExchanger(self, store)
+        # The exchanger and this object reference each other, so one dropped without close()
+        # is freed by the garbage collector, whenever it runs: inside another capture, the
+        # communicator's destruction there (ncclCommDestroy frees and synchronizes) would
+        # invalidate it. The finalizer keeps the communicator until no capture is underway.
+        weakref.finalize(self, _release_when_safe, comm)
 
     def close(self) -> None:
         """Release the graphs holding this communicator's collectives, then destroy it.
@@ -266,6 +273,16 @@ class Collectives:
         if name is None:
             raise OptionsError("op", op, "one of " + ", ".join(_OPS))
         return int(getattr(nccl, name))
+
+
+def _release_when_safe(comm: Any) -> None:
+    """Let go of a dropped Collectives' communicator, at once or when the last capture
+    underway ends (its destructor may destroy it)."""
+    capture_activity.defer_or_run(lambda: _let_go(comm))
+
+
+def _let_go(comm: Any) -> None:
+    """Nothing: the reference to ``comm`` that the deferred call held goes with it."""
 
 
 class _NcclExchanger:

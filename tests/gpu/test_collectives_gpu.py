@@ -36,3 +36,29 @@ def test_a_captured_collective_is_checked_then_replays_and_is_released(solo):
     solo.close()
     with pytest.raises(ReplayError, match="after reset"):
         g.replay()
+
+
+def test_a_collectives_freed_by_the_garbage_collector_in_a_capture_leaves_it_valid(solo):
+    """A Collectives dropped without close() is freed by the garbage collector (it and its
+    exchanger reference each other). A collection inside a global-mode capture used to
+    destroy its communicator there and invalidate the capture (seen in the GPU suite as
+    the test above failing at its first operation); the communicator now goes after."""
+    import gc
+
+    from cupy.cuda import nccl
+
+    from cugraphrt.distributed.collectives import Collectives
+
+    gc.collect()  # earlier tests' garbage goes now: only this test's is collected below
+    other = Collectives(nccl.NcclCommunicator(1, nccl.get_unique_id(), 0), label="other")
+    x = cupy.ones(4096, dtype=cupy.float32)
+    other.all_reduce(x, out=cupy.empty_like(x))
+    cupy.cuda.Device().synchronize()
+    del other
+    g = cugraphrt.Graph()
+    with cugraphrt.graph(g):
+        y = x * 2
+        gc.collect()  # the dropped Collectives goes here, inside the capture
+        z = y + 1
+    g.replay()
+    assert bool(cupy.all(z == 3))

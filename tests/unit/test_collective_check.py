@@ -268,3 +268,47 @@ def test_cupy_collectives_record_what_they_capture(monkeypatch):
     collective_log.track(graph, log)
     coll.close()
     assert graph.resets == 1 and coll.comm.destroyed == 1
+
+
+class _Comm:
+    """A one-rank communicator that records when it is destroyed (its destructor)."""
+
+    def __init__(self, destroyed: list) -> None:
+        self.destroyed = destroyed
+
+    def device_id(self):
+        return 0
+
+    def rank_id(self):
+        return 0
+
+    def size(self):
+        return 1
+
+    def __del__(self):
+        self.destroyed.append(True)
+
+
+def test_a_dropped_collectives_destroys_its_communicator_only_when_no_capture_is_underway():
+    """A Collectives and its exchanger reference each other, so the garbage collector frees a
+    dropped one: inside another capture, the communicator's destructor (ncclCommDestroy)
+    would invalidate that capture. It waits for the capture to end."""
+    import gc
+
+    from cugraphrt._memory.backing import capture_activity
+
+    destroyed: list = []
+    coll = distributed.Collectives(_Comm(destroyed))
+    capture_activity.enter()  # a capture underway in this thread
+    try:
+        del coll
+        gc.collect()
+        assert destroyed == []  # freed with the cycle, but its communicator kept
+    finally:
+        capture_activity.exit()  # the last capture ends: the deferred release runs
+    assert destroyed == [True]
+    # Outside a capture it goes with the collection.
+    coll = distributed.Collectives(_Comm(destroyed))
+    del coll
+    gc.collect()
+    assert destroyed == [True, True]
