@@ -12,14 +12,22 @@ Nested steps include their children; ``xN`` is how often a step runs per build. 
 GPU and torch::
 
     python docs/experiments/capture_time_steps.py
+    python docs/experiments/capture_time_steps.py --calls
+
+``--calls`` counts instead the Python function calls each build makes (``cProfile``, 20
+builds a side, nothing wrapped): a build runs once, with cold caches, so its host time
+follows how much Python it runs more than any one step's cost.
 """
 
 from __future__ import annotations
 
 import collections
 import copy
+import cProfile
 import functools
+import pstats
 import statistics
+import sys
 import time
 
 import cugraphrt_torch
@@ -78,12 +86,41 @@ STEPS = (
 )
 
 
+def count_calls(base, x) -> None:
+    """Python calls per build, and the most frequent callees of cugraphrt's build."""
+    builds = {"torch": lambda m: torch_common.HandGraph(torch, m, x),
+              "ours": lambda m: cugraphrt_torch.graph_module(m, (x.clone(),),
+                                                             num_warmup_iters=3)}
+    runs = 20
+    with torch.no_grad():
+        for _ in range(3):
+            for build in builds.values():
+                build(copy.deepcopy(base))
+        for side, build in builds.items():
+            profile = cProfile.Profile()
+            for _ in range(runs):
+                model = copy.deepcopy(base)
+                torch.cuda.synchronize()
+                profile.enable()
+                graphed = build(model)
+                profile.disable()
+                torch.cuda.synchronize()
+                del graphed, model
+            stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+            calls = sum(entry[1] for entry in stats.values()) / runs
+            print(f"  {side}: {calls:.0f} Python calls per build")
+
+
 def main() -> None:
     torch.manual_seed(0)
     base = torch_common.mlp(torch, (512,) * 5).cuda().eval()
     x = torch.randn(32, 512, device="cuda")
     with torch.no_grad():
         base(x)  # handles and kernels loaded, billed to neither build
+    if "--calls" in sys.argv[1:]:
+        print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
+        count_calls(base, x)
+        return
 
     def build_torch() -> float:
         model = copy.deepcopy(base)
