@@ -269,18 +269,16 @@ def validate_options(model: type[_Model], **values: object) -> _Model:
     OptionsError
         Naming the first offending field, the value given and the allowed values.
     """
-    # Every build validates its options: a frozen model of hashable values is kept, keyed
-    # by each value's type too (strict models tell True from 1), and handed out again.
+    # Every build validates its options: a frozen model of plain values (numbers, strings,
+    # None: nothing it would keep alive) is kept, keyed by each value's type too (strict
+    # models tell True from 1), and handed out again.
     key: tuple | None = None
-    if model.model_config.get("frozen"):
+    if model.model_config.get("frozen") and all(
+            type(v) in _PLAIN for v in values.values()):
         key = (model, tuple((name, type(v), v) for name, v in values.items()))
-        try:
-            known = _validated.get(key)
-        except TypeError:  # an unhashable value (a list): validated every time
-            key = None
-        else:
-            if known is not None:
-                return typing.cast(_Model, known)
+        known = _validated.get(key)
+        if known is not None:
+            return typing.cast(_Model, known)
     try:
         validated = model(**values)
     except ValidationError as exc:
@@ -298,6 +296,7 @@ def validate_options(model: type[_Model], **values: object) -> _Model:
 #: (model, ((field, type, value), ...)) -> the frozen model validated from them.
 _validated: dict[tuple, BaseModel] = {}
 _VALIDATED_LIMIT = 256
+_PLAIN = frozenset({bool, int, float, str, type(None)})
 
 
 def _allowed(model: type[BaseModel], field: str, error: typing.Mapping[str, typing.Any]) -> str:

@@ -200,7 +200,9 @@ def test_validated_options_are_kept_per_value_and_type():
     assert len(_options._validated) <= _options._VALIDATED_LIMIT
 
 
-def test_options_with_an_unhashable_value_are_validated_each_time():
+def test_options_with_a_value_that_is_not_plain_are_validated_each_time():
+    """Only numbers, strings and None are kept: a list cannot be a key, and an object kept
+    in a cached model would stay alive."""
     from cugraphrt.options import Frozen
 
     class Sizes(Frozen):
@@ -209,5 +211,6 @@ def test_options_with_an_unhashable_value_are_validated_each_time():
     listed = validate_options(Sizes, sizes=[1, 2])
     assert list(listed.sizes) == [1, 2]
     assert validate_options(Sizes, sizes=[1, 2]) is not listed
+    assert validate_options(Sizes, sizes=(1, 2)) is not validate_options(Sizes, sizes=(1, 2))
     with pytest.raises(OptionsError):
         validate_options(Sizes, sizes=["a"])

@@ -236,9 +236,9 @@ def blas_workspaces_for(owner: object | None) -> None:
 
 class Switched:
     """Context managers entered on creation and left in reverse by :meth:`close`: what a
-    capture runs in (torch's device, CuPy's and torch's stream). A list rather than an
-    ExitStack: this runs on every build's clock, where an ExitStack's callbacks cost more
-    host time than the three switches themselves."""
+    capture runs in (CuPy's and torch's stream switched to the capture stream). A list
+    rather than an ExitStack: this runs on every build's clock, where an ExitStack's
+    callbacks cost more host time than the switches themselves."""
 
     __slots__ = ("_entered",)
 
