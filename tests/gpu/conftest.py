@@ -29,19 +29,24 @@ def randn(rng):
 
 
 @pytest.fixture
-def solo():
-    """``cugraphrt.distributed.Collectives`` of a one-rank CuPy NCCL communicator (an
-    all-reduce is a copy); skips where CuPy cannot load NCCL."""
+def one_rank():
+    """A new one-rank CuPy NCCL communicator maker; skips where CuPy cannot load NCCL."""
     try:
         from cupy.cuda import nccl
     except Exception as exc:  # noqa: BLE001
         pytest.skip(f"CuPy's NCCL bindings do not import ({exc})")
     if not nccl.available:
         pytest.skip("CuPy cannot load NCCL (pip install nvidia-nccl-cu13)")
+    return lambda: nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
+
+
+@pytest.fixture
+def solo(one_rank):
+    """``cugraphrt.distributed.Collectives`` of a one-rank CuPy NCCL communicator (an
+    all-reduce is a copy); skips where CuPy cannot load NCCL."""
     from cugraphrt.distributed.collectives import Collectives
 
-    comm = nccl.NcclCommunicator(1, nccl.get_unique_id(), 0)
-    return Collectives(comm, label="solo")
+    return Collectives(one_rank(), label="solo")
 
 
 @pytest.fixture(autouse=True)

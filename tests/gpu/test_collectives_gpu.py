@@ -38,27 +38,37 @@ def test_a_captured_collective_is_checked_then_replays_and_is_released(solo):
         g.replay()
 
 
-def test_a_collectives_freed_by_the_garbage_collector_in_a_capture_leaves_it_valid(solo):
+def test_a_collectives_freed_by_the_garbage_collector_in_a_capture_leaves_it_valid(one_rank):
     """A Collectives dropped without close() is freed by the garbage collector (it and its
-    exchanger reference each other). A collection inside a global-mode capture used to
-    destroy its communicator there and invalidate the capture (seen in the GPU suite as
-    the test above failing at its first operation); the communicator now goes after."""
+    exchanger reference each other). Once its collective was captured (its graph dropped
+    too), destroying its communicator inside a global-mode capture invalidated that capture
+    (seen in the GPU suite as the test above failing at its first operation, after
+    test_body_nodes_gpu dropped its one-rank communicator); the communicator now goes
+    after the capture. Without the fix this capture raises CUDA_ERROR_STREAM_CAPTURE_
+    INVALIDATED."""
     import gc
-
-    from cupy.cuda import nccl
 
     from cugraphrt.distributed.collectives import Collectives
 
     gc.collect()  # earlier tests' garbage goes now: only this test's is collected below
-    other = Collectives(nccl.NcclCommunicator(1, nccl.get_unique_id(), 0), label="other")
     x = cupy.ones(4096, dtype=cupy.float32)
-    other.all_reduce(x, out=cupy.empty_like(x))
+    out = cupy.empty_like(x)
+    other = Collectives(one_rank(), label="other")
+    other.all_reduce(x, out=out)  # warm-up
+    captured = cugraphrt.Graph()
+    with cugraphrt.graph(captured):
+        other.all_reduce(x, out=out)
+    captured.replay()
     cupy.cuda.Device().synchronize()
-    del other
-    g = cugraphrt.Graph()
-    with cugraphrt.graph(g):
-        y = x * 2
-        gc.collect()  # the dropped Collectives goes here, inside the capture
-        z = y + 1
+    gc.disable()  # the two go at the collection inside the capture below, not before
+    try:
+        del other, captured
+        g = cugraphrt.Graph()
+        with cugraphrt.graph(g):
+            y = x * 2
+            assert gc.collect() > 0  # the dropped Collectives goes here, inside the capture
+            z = y + 1
+    finally:
+        gc.enable()
     g.replay()
     assert bool(cupy.all(z == 3))
