@@ -5,7 +5,9 @@ The model: :func:`.generate_models.causal_lm` Llama with 12 layers of width 1024
 8 key-value heads: they split over 2, 4 or 8 ranks), bf16, random weights, split over the
 ranks by its own plan (:func:`.generate_models.tensor_parallel`: an all-reduce after
 attention and one after the MLP of each layer); prompts of 16 tokens, 128 new, no EOS;
-batch 1 and 8. Systems, every rank running each in the same shuffled order:
+batch 1 and 8; and the same at batch 1 with a short step (:data:`SHORT`: 1 layer of 256),
+where the host's read per token is a visible share of the step. Systems, every rank running
+each in the same shuffled order:
 
 * ``hf_eager``: the TP model's ``generate(do_sample=False)``: one host round trip and the
   collectives' launches per token, as transformers' TP generation runs;
@@ -36,36 +38,45 @@ from typing import Any
 
 from .generate_loop import TorchLoop
 
-__all__ = ["GENERATE_TP_SYSTEMS", "OWN", "BATCHES", "NEW", "LAYERS", "generate_tp",
-           "per_token_metric", "same_metric"]
+__all__ = ["GENERATE_TP_SYSTEMS", "OWN", "BATCHES", "NEW", "LAYERS", "SHORT", "SHORT_LABEL",
+           "generate_tp", "per_token_metric", "same_metric"]
 
 GENERATE_TP_SYSTEMS = ("hf_eager", "torch_per_token", "torch_loop", "per_token", "cugraphrt",
                        "cugraphrt_watched")
 #: The systems cugraphrt builds (their rows carry no verdict against each other).
 OWN = ("per_token", "cugraphrt", "cugraphrt_watched")
 BATCHES, PROMPT, NEW, LAYERS, HIDDEN = (1, 8), 16, 128, 12, 1024
+#: The short-step model (layers, hidden), batch 1 only. Its step (~170 us on two H200s) is
+#: the shortest a TP model with two all-reduces a layer gives, so the ~30 us the host loses
+#: per token reading the state shows; in the 12x1024 step (~1.5 ms, bound by the count of
+#: an eager-numerics Llama's kernels) it is 1-2%.
+SHORT = (1, 256)
+SHORT_LABEL = f"{SHORT[0]} layer of {SHORT[1]}"
 _GENERATORS = ("per_token", "cugraphrt", "cugraphrt_watched")
 _WATCHDOG_S = 120.0
 
 
-def per_token_metric(batch: int) -> str:
-    return f"per token, batch {batch}"
+def per_token_metric(batch: int, label: str = "") -> str:
+    return f"per token, batch {batch}" + (f", {label}" if label else "")
 
 
-def same_metric(batch: int) -> str:
-    return f"same as eager, batch {batch}"
+def same_metric(batch: int, label: str = "") -> str:
+    return f"same as eager, batch {batch}" + (f", {label}" if label else "")
 
 
 def generate_tp(torch: Any, world: int, device: Any, rounds: int, new: int = NEW,
-                layers: int = LAYERS) -> dict[str, dict[str, list[float]]]:
+                layers: int = LAYERS, hidden: int = HIDDEN,
+                batches: tuple[int, ...] = BATCHES,
+                label: str = "") -> dict[str, dict[str, list[float]]]:
     """Samples per metric and system: seconds per token (``per token, batch b``) and the
-    leading new tokens equal to ``hf_eager``'s (``same as eager, batch b``, one value)."""
+    leading new tokens equal to ``hf_eager``'s (``same as eager, batch b``, one value);
+    ``label`` ends the metrics' names (the short-step model's)."""
     from cugraphrt_torch import Generator
     from torch.distributed.device_mesh import init_device_mesh
 
     from .generate_models import causal_lm, tensor_parallel
 
-    model = causal_lm("llama", layers=layers, hidden=HIDDEN, vocab=32000,
+    model = causal_lm("llama", layers=layers, hidden=hidden, vocab=32000,
                       positions=2 * (PROMPT + new)).to(device, torch.bfloat16)
     model.generation_config.eos_token_id = None  # every system generates all new tokens
     model = tensor_parallel(model, init_device_mesh("cuda", (world,)))
@@ -75,13 +86,14 @@ def generate_tp(torch: Any, world: int, device: Any, rounds: int, new: int = NEW
                   "cugraphrt_watched": Generator(model, max_length=length)}
     results: dict[str, dict[str, list[float]]] = {}
     with torch.no_grad():
-        for batch in BATCHES:
-            _batch(torch, model, generators, batch, rounds, new, results)
+        for batch in batches:
+            _batch(torch, model, generators, batch, rounds, new, results,
+                   (per_token_metric(batch, label), same_metric(batch, label)))
     return results
 
 
 def _batch(torch: Any, model: Any, generators: dict, batch: int, rounds: int, new: int,
-           results: dict[str, dict[str, list[float]]]) -> None:
+           results: dict[str, dict[str, list[float]]], metrics: tuple[str, str]) -> None:
     from cugraphrt.distributed.watchdog import set_collective_timeout
 
     from .timing import MIN_WARMUP, round_order
@@ -125,9 +137,9 @@ def _batch(torch: Any, model: Any, generators: dict, batch: int, rounds: int, ne
     set_collective_timeout(None)
     for loop in loops.values():  # torch's graphs hold NCCL: they go before the group does
         loop.release()
-    results[per_token_metric(batch)] = per_token
+    results[metrics[0]] = per_token
     want = tokens["hf_eager"][:, PROMPT:]
-    results[same_metric(batch)] = {
+    results[metrics[1]] = {
         name: [float((tokens[name][:, PROMPT:] == want).int().cumprod(1).sum(1).min())]
         for name in calls}
 

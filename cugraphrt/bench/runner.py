@@ -231,10 +231,12 @@ def run_workloads(workloads: Sequence[Workload], *, quick: bool,
                                     versions=collect_versions(), quick=quick,
                                     elapsed_s=perf_counter() - start, workload_s=seconds))
 
+    shared: dict[str, Any] = {}  # what one measurement gives several workloads (Context)
     for index, workload in enumerate(workloads):
         progress.begin(index, workload.name)
         began = perf_counter()
-        ctx = Context(quick=quick, selected=workload.name in named, progress=progress.step)
+        ctx = Context(quick=quick, selected=workload.name in named, progress=progress.step,
+                      shared=shared)
         # A workload's finished rows are saved as they come (a cut run keeps them).
         ctx.emitted = functools.partial(save, (workload, ctx.rows, None))
         error = None

@@ -14,7 +14,7 @@ import sys
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from . import timing
 from .timing import Summary
@@ -259,6 +259,9 @@ class Context:
     emitted : callable
         Called after each emitted row: the runner rewrites its JSON then, so a long workload
         cut short (a device call's time limit) keeps the rows it finished.
+    shared : dict
+        The same dict for every workload of one run: one measurement that fills several
+        workloads' rows (the distributed launch) is kept here, not repeated per workload.
     """
 
     quick: bool = False
@@ -266,6 +269,7 @@ class Context:
     progress: Callable[[str], None] = field(default=lambda detail: None)
     rows: list[Row] = field(default_factory=list)
     emitted: Callable[[], None] = field(default=lambda: None)
+    shared: dict[str, Any] = field(default_factory=dict)
 
     def repeats(self, full: int, quick: int) -> int:
         """The repeat count for the current mode."""
