@@ -46,10 +46,10 @@ GENERATE_TP_SYSTEMS = ("hf_eager", "torch_per_token", "torch_loop", "per_token",
 #: The systems cugraphrt builds (their rows carry no verdict against each other).
 OWN = ("per_token", "cugraphrt", "cugraphrt_watched")
 BATCHES, PROMPT, NEW, LAYERS, HIDDEN = (1, 8), 16, 128, 12, 1024
-#: The short-step model (layers, hidden), batch 1 only. Its step (~170 us on two H200s) is
-#: the shortest a TP model with two all-reduces a layer gives, so the ~30 us the host loses
-#: per token reading the state shows; in the 12x1024 step (~1.5 ms, bound by the count of
-#: an eager-numerics Llama's kernels) it is 1-2%.
+#: The short-step model (layers, hidden), batch 1 only. Its step (171 us on two H200s) is
+#: about the shortest a TP model with two all-reduces a layer gives, so the 17-28 us the
+#: host loses per token reading the state shows; in the 12x1024 step (1.7 ms, bound by the
+#: count of an eager-numerics Llama's kernels) they are under 2%.
 SHORT = (1, 256)
 SHORT_LABEL = f"{SHORT[0]} layer of {SHORT[1]}"
 _GENERATORS = ("per_token", "cugraphrt", "cugraphrt_watched")

@@ -192,9 +192,9 @@ DIST_CG = Workload(
 # Issue 56's targets. The per-token and chunk references are torch's graphs of the
 # Generator's program replayed by a hand loop, not cugraphrt's own graphs (issue 51).
 # Against the per-token loop the target is the short-step model's, 1.1x: issue 56 asked 1.3x,
-# but on two H200s the host's read per token costs ~30 us and no TP step is shorter than
-# ~170 us (1 layer of 256: the two all-reduces and the eager-numerics kernels), so 1.3x is
-# out of reach; on 12x1024 (a ~1.5 ms step) the per-token columns are information.
+# but on two H200s the host's read per token costs 17-28 us and no TP step is much shorter
+# than 171 us (1 layer of 256: the two all-reduces and the eager-numerics kernels), so 1.3x
+# is out of reach; on 12x1024 (a 1.7 ms step) the per-token columns are information.
 _GENERATE_TP_ROWS = (*((b, "") for b in BATCHES), (1, SHORT_LABEL))
 GENERATE_TP = Workload(
     "generate_tp", f"greedy generation of {NEW} tokens by a tensor-parallel transformers "
