@@ -12,6 +12,13 @@ weights and generates for the same prompts. Parts:
   rank, for mixed prompt lengths and with an EOS that ends the rows at different steps.
 * ``cpu``: the same checks with the program run eagerly (``graphed=False``) in float32 over
   gloo on the CPU: what a machine without GPUs can check of the tensor-parallel program.
+
+Both parts then sample (``sampling=True``): with seeds drawn from torch's default generator,
+seeded differently on every rank, every rank gets the split's first rank's tokens (those of
+the same call after seeding every rank as the first); graphed, explicit seeds give the
+eagerly run program's tokens (``graphed=False``, the ``generate_sampled`` reference);
+settings that differ between ranks raise OptionsError on every rank. A replicated model
+(data parallelism) is no split.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 import torch.distributed as dist
 from cugraphrt_torch import Generator
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_module
 
 from cugraphrt.bench.generate_models import causal_lm, tensor_parallel
 from tests.torch._generation_prompts import prompts
@@ -56,13 +64,56 @@ def _generate(world: int, device: torch.device, dtype, vocab: int, graphed: bool
     if graphed:
         stats = generator.stats()
         assert stats.prefill_graphs and stats.decode_graphs, stats
+    _ok("greedy-tokens")
+    del generator
+    _sample(model, ids, mask, graphed)
+
+
+SAMPLED = dict(do_sample=True, temperature=0.8, top_k=50, top_p=0.9)
+
+
+def _sample(model, ids: torch.Tensor, mask: torch.Tensor, graphed: bool) -> None:
+    from cugraphrt_torch.generation._ranks import split_groups
+
+    from cugraphrt.errors import OptionsError
+
+    rank = dist.get_rank()
+    assert len(split_groups(model)) == (1 if dist.get_world_size() > 1 else 0)
+
+    def sampler(graphed: bool) -> Generator:
+        return Generator(model, max_length=64, graphed=graphed, sampling=True,
+                         batch_buckets=(4,), prompt_buckets=(16,), cache_buckets=(32, 64))
+
+    def run(generator: Generator, **extra) -> torch.Tensor:
+        return generator.generate(ids, mask, max_new_tokens=NEW, pad_token_id=0,
+                                  **{**SAMPLED, **extra})
+
+    generator = sampler(graphed)
+    torch.manual_seed(100 + rank)  # each rank's default generator draws other seeds
+    drawn = run(generator)
+    torch.manual_seed(100)  # every rank seeded as the first: the first rank's seeds again
+    _same_everywhere(drawn, run(generator), "sampled with drawn seeds")
+    if graphed:  # the graphs' tokens are the eagerly run program's, for the same seeds
+        eager = run(sampler(False), seed=7)
+        _same_everywhere(run(generator, seed=7), eager, "sampled with seed 7")
+    try:
+        run(generator, temperature=0.8 + 0.1 * rank)
+    except OptionsError as exc:
+        if dist.get_world_size() > 1:
+            assert "temperature" in str(exc) and "rank 1" in str(exc), exc
+    else:
+        assert dist.get_world_size() == 1, "ranks sampled with different temperatures"
+    replicated = distribute_module(torch.nn.Linear(4, 4),
+                                   init_device_mesh(ids.device.type, (dist.get_world_size(),)))
+    assert split_groups(replicated) == ()
+    _ok("sampled")
 
 
 def _same_everywhere(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     if not torch.equal(got, want):
         differs = (got != want).nonzero()[:3].tolist()
-        raise AssertionError(f"{what}: the generator's tokens differ from the TP model's eager "
-                             f"generate at (row, position) {differs}")
+        raise AssertionError(f"{what}: the generator's tokens differ from the reference's "
+                             f"at (row, position) {differs}")
     tokens: list = [None] * dist.get_world_size()
     dist.all_gather_object(tokens, got.cpu().tolist())
     assert all(t == tokens[0] for t in tokens), f"{what}: ranks generated different tokens"

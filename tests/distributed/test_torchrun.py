@@ -146,8 +146,10 @@ def test_the_distributed_cg_example_runs(nproc):
 def test_a_tensor_parallel_model_generates_its_eager_tokens(nproc):
     """Issue 56: a transformers Llama split over the ranks, generating with the Generator
     (prefill graphs, decode chunks with the all-reduces inside the device loop): the tokens
-    of the same TP model's eager generate, the same on every rank, EOS mid-batch."""
+    of the same TP model's eager generate, the same on every rank, EOS mid-batch; sampled,
+    the same tokens on every rank, the eagerly run program's for the same seeds."""
     out = torchrun("generation.py", "greedy", nproc=nproc)
+    assert passed(out, "greedy-tokens", nproc) and passed(out, "sampled", nproc)
     assert passed(out, "greedy", nproc) and passed(out, "teardown", nproc)
 
 

@@ -43,6 +43,7 @@ from ._generation_checks import (
 )
 from ._generation_options import generator_options
 from ._generation_program import GenerationState, Program
+from ._ranks import agree, split_groups
 from ._sampling import SETTINGS, Sampler, call_settings
 from ._speculative import DraftModel, PromptLookup
 
@@ -189,6 +190,7 @@ class Generator:
         self.state = GenerationState(self.batch_buckets[-1], capacity, self.device)
         self._sampler = Sampler(self.batch_buckets[-1], vocab_size(model), self.device) \
             if sampling else None
+        self._split = split_groups(model) if sampling else ()
         draft_cache = static_cache(self.speculative.model, capacity, self.batch_buckets[-1],
                                    self.device, per_row) \
             if isinstance(self.speculative, DraftModel) else None
@@ -234,7 +236,10 @@ class Generator:
             sequence gives one per row. Default: seeds drawn from torch's default CPU
             generator (``torch.manual_seed`` makes the call reproducible). A row's draws
             depend on its seed only; its tokens also on its logits, which another batch
-            bucket may round otherwise (docs/generation.md, "Sampling").
+            bucket may round otherwise (docs/generation.md, "Sampling"). A model split
+            over ranks (tensor parallelism) samples with the split's first rank's default
+            seeds, and its ranks must give the same settings and explicit seeds, or every
+            rank raises OptionsError.
         **sampling
             With ``sampling=True``: ``do_sample``, ``temperature``, ``top_k``, ``top_p``,
             ``min_p``, ``repetition_penalty``, as ``generate`` takes them, defaulting to the
@@ -407,5 +412,7 @@ class Generator:
                     raise OptionsError(name, value, "a Generator built with sampling=True "
                                        "(this one is greedy)")
             return []
-        return call_settings(getattr(self.model, "generation_config", None), batch, seed,
+        rows = call_settings(getattr(self.model, "generation_config", None), batch, seed,
                              settings)
+        # A tensor-parallel model's ranks sample alike, or their loops part (see _ranks).
+        return agree(rows, seed is None, self._split) if self._split else rows
