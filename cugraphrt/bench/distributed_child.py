@@ -37,7 +37,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .distributed_generate import LAYERS, NEW, SHORT, SHORT_LABEL, generate_tp
+from .distributed_generate import (
+    LAYERS,
+    NEW,
+    SHORT_LABEL,
+    SHORT_LAYERS,
+    generate_tp,
+    short_hidden,
+)
 from .timing import MIN_ROUNDS, MIN_WARMUP, round_order
 from .tp_decoder import Dims, build
 
@@ -249,8 +256,8 @@ def main(check: bool = False) -> None:
         results["generate_tp"] = generate_tp(torch, world, device, loops[1], new=new,
                                              layers=_CHECK_LAYERS if check else LAYERS)
         results["generate_tp"].update(generate_tp(
-            torch, world, device, loops[1], new=new, layers=SHORT[0], hidden=SHORT[1],
-            batches=(1,), label=SHORT_LABEL))
+            torch, world, device, loops[1], new=new, layers=SHORT_LAYERS,
+            hidden=short_hidden(world), batches=(1,), label=SHORT_LABEL))
     except Exception as exc:  # the other rows stand; this one shows the error
         if check:
             raise

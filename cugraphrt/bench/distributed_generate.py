@@ -5,9 +5,9 @@ The model: :func:`.generate_models.causal_lm` Llama with 12 layers of width 1024
 8 key-value heads: they split over 2, 4 or 8 ranks), bf16, random weights, split over the
 ranks by its own plan (:func:`.generate_models.tensor_parallel`: an all-reduce after
 attention and one after the MLP of each layer); prompts of 16 tokens, 128 new, no EOS;
-batch 1 and 8; and the same at batch 1 with a short step (:data:`SHORT`: 1 layer of 256),
-where the host's read per token is a visible share of the step. Systems, every rank running
-each in the same shuffled order:
+batch 1 and 8; and the same at batch 1 with a short step (1 layer of :func:`short_hidden`:
+256 on 2 ranks), where the host's read per token is a visible share of the step. Systems,
+every rank running each in the same shuffled order:
 
 * ``hf_eager``: the TP model's ``generate(do_sample=False)``: one host round trip and the
   collectives' launches per token, as transformers' TP generation runs;
@@ -38,20 +38,28 @@ from typing import Any
 
 from .generate_loop import TorchLoop
 
-__all__ = ["GENERATE_TP_SYSTEMS", "OWN", "BATCHES", "NEW", "LAYERS", "SHORT", "SHORT_LABEL",
-           "generate_tp", "per_token_metric", "same_metric"]
+__all__ = ["GENERATE_TP_SYSTEMS", "OWN", "BATCHES", "NEW", "LAYERS", "SHORT_LAYERS",
+           "SHORT_LABEL", "short_hidden", "generate_tp", "per_token_metric", "same_metric"]
 
 GENERATE_TP_SYSTEMS = ("hf_eager", "torch_per_token", "torch_loop", "per_token", "cugraphrt",
                        "cugraphrt_watched")
 #: The systems cugraphrt builds (their rows carry no verdict against each other).
 OWN = ("per_token", "cugraphrt", "cugraphrt_watched")
 BATCHES, PROMPT, NEW, LAYERS, HIDDEN = (1, 8), 16, 128, 12, 1024
-#: The short-step model (layers, hidden), batch 1 only. Its step (171 us on two H200s) is
-#: about the shortest a TP model with two all-reduces a layer gives, so the 17-28 us the
-#: host loses per token reading the state shows; in the 12x1024 step (1.7 ms, bound by the
-#: count of an eager-numerics Llama's kernels) they are under 2%.
-SHORT = (1, 256)
-SHORT_LABEL = f"{SHORT[0]} layer of {SHORT[1]}"
+#: The short-step model's layers (batch 1 only; its width: :func:`short_hidden`). Its step
+#: (171 us on two H200s) is about the shortest a TP model with two all-reduces a layer
+#: gives, so the 17-28 us the host loses per token reading the state shows; in the 12x1024
+#: step (1.7 ms, bound by the count of an eager-numerics Llama's kernels) they are under 2%.
+SHORT_LAYERS = 1
+SHORT_LABEL = "short step"
+
+
+def short_hidden(world: int) -> int:
+    """The short-step model's width on ``world`` ranks: 256, or 128 a rank beyond 2, so
+    that its key-value heads (one per 128: heads of 64, half as many for keys and values)
+    split over the ranks."""
+    return max(256, 128 * world)
+
 _GENERATORS = ("per_token", "cugraphrt", "cugraphrt_watched")
 _WATCHDOG_S = 120.0
 

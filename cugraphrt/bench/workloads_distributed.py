@@ -22,9 +22,10 @@ it, side by side:
   1024, bf16; :mod:`cugraphrt.bench.distributed_generate`): its eager TP ``generate``, the
   Generator's program in torch's graphs replayed by a hand loop (a host read per token, and
   per 32 steps), and the Generator; and at batch 1 the same for a short step (1 layer of
-  256). Targets: at least 3x transformers' TP eager generate, within 1.10x of the loop of
-  32 back-to-back steps, eager's tokens; and 1.1x the per-token loop on the short step
-  (where the host's read per token is a visible share of the step).
+  256 on 2 ranks, 128 a rank on more). Targets: at least 3x transformers' TP eager
+  generate, within 1.10x of the loop of 32 back-to-back steps, eager's tokens; and 1.1x the
+  per-token loop on the short step (where the host's read per token is a visible share of
+  the step).
 
 The launch runs under a deadline (:mod:`cugraphrt.bench.torchrun`): a hang becomes a failed
 cell, with every rank's Python stacks on stderr. n/a with fewer than 2 GPUs or without
@@ -200,7 +201,7 @@ GENERATE_TP = Workload(
     "generate_tp", f"greedy generation of {NEW} tokens by a tensor-parallel transformers "
     "Llama (12 layers, hidden 1024, bf16, random weights; an all-reduce after attention and "
     "after the MLP of each layer), one way per GPU, batch 1 and 8, and at batch 1 a short "
-    f"step ({SHORT_LABEL}): transformers' TP eager generate vs torch graphs of the "
+    "step (1 layer of 256 on 2 GPUs): transformers' TP eager generate vs torch graphs of the "
     "Generator's program in hand loops vs cugraphrt_torch.Generator", GENERATE_TP_SYSTEMS,
     "hf_eager",
     (*(Target("cugraphrt", "hf_eager", 1 / 3, metric=per_token_metric(b, label))

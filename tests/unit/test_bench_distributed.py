@@ -210,7 +210,7 @@ def test_generate_tp_rows_read_their_metrics_and_targets(monkeypatch):
     ddp, *rows = _generate_tp_rows(monkeypatch, canned)
     assert [r.metric for r in rows] == [m(b, label) for b, label, _ in keys
                                         for m in (per_token_metric, same_metric)]
-    assert rows[-2].metric == "per token, batch 1, 1 layer of 256"
+    assert rows[-2].metric == "per token, batch 1, short step"
     per_token, same = rows[0], rows[1]
     assert per_token.cells["cugraphrt"].median == pytest.approx(2.2e-3 * 1.005 * 1e6)
     assert same.unit == "tokens" and same.cells["cugraphrt"].median == NEW
@@ -277,3 +277,14 @@ def test_a_failed_launch_fails_every_distributed_row_of_the_run_once(monkeypatch
     errors = [(n.workload, n.system, n.message) for n in report.notes if n.status == "error"]
     assert errors == [("ddp", "cugraphrt_step", "RuntimeError: boom"),
                       ("tp_decode", "cugraphrt", "RuntimeError: boom")]
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_the_short_step_model_splits_over_every_world_the_bench_takes(world):
+    from cugraphrt.bench.distributed_generate import short_hidden
+
+    # causal_lm's heads are 64 wide and half of them key-value heads: hidden / 128 of those,
+    # which tensor parallelism splits over the ranks.
+    hidden = short_hidden(world)
+    assert hidden % 128 == 0 and (hidden // 128) % world == 0
+    assert short_hidden(2) == 256  # the width the two-GPU reports measured
