@@ -19,7 +19,6 @@ split: those ranks sample independently and exchange nothing.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -54,22 +53,21 @@ def agree(rows: list[Sampling], drawn: bool, groups: tuple[Any, ...]) -> list[Sa
     from torch's default generator) the seeds of each group's first rank, in turn, so that
     the whole split shares one rank's; OptionsError on every rank where any other setting,
     or a seed given explicitly, differs between ranks."""
+    # Drawn seeds may differ (the first rank's are taken); nothing else may.
+    free = {"seed"} if drawn else set()
     for group in groups:
         everyone: list[Any] = [None] * dist.get_world_size(group)
         dist.all_gather_object(everyone, rows, group=group)
-        if drawn:  # the first rank's draws, the rest of each rank's settings as they were
-            seeds = [row.seed for row in everyone[0]]
-            everyone = [[replace(row, seed=seeds[i]) if i < len(seeds) else row
-                         for i, row in enumerate(theirs)] for theirs in everyone]
         for rank, theirs in enumerate(everyone[1:], start=1):
-            _same(everyone[0], theirs, rank)
+            _same(everyone[0], theirs, rank, free)
         rows = everyone[0]
     return rows
 
 
-def _same(first: list[Sampling], other: list[Sampling], rank: int) -> None:
-    """OptionsError naming the first setting in which a rank's rows differ from the split's
-    first rank's (every rank raises the same, having gathered the same rows)."""
+def _same(first: list[Sampling], other: list[Sampling], rank: int, free: set[str]) -> None:
+    """OptionsError naming the first setting outside ``free`` in which a rank's rows differ
+    from the split's first rank's (every rank raises the same, having gathered the same
+    rows)."""
     if len(first) != len(other):
         raise OptionsError("input_ids", f"{len(other)} rows",
                            f"{len(first)} rows, as on the split's first rank (rank {rank} "
@@ -77,7 +75,7 @@ def _same(first: list[Sampling], other: list[Sampling], rank: int) -> None:
                            "same batch")
     for row, (mine, theirs) in enumerate(zip(first, other, strict=True)):
         for name, value in theirs.__dict__.items():
-            if value != mine.__dict__[name]:
+            if name not in free and value != mine.__dict__[name]:
                 raise OptionsError(name, value,
                                    f"{mine.__dict__[name]!r} for row {row}, as on the "
                                    f"split's first rank (rank {rank} has this): every rank of "
