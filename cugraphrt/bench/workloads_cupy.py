@@ -312,7 +312,9 @@ def run_pool_alloc(ctx: Context) -> None:
     ``cudaMalloc`` in the timed loop. Timing inside a capture for both keeps the comparison
     on the allocator alone.
     """
-    repeats = ctx.repeats(full=30, quick=10)
+    # 30 rounds in --quick (a round is about 15 ms a side): with 10, one report of
+    # 2026-11-29 read 2.618x [2.145, 2.777] on a noisy host beside 2.257x [2.236, 2.277].
+    repeats = ctx.repeats(full=60, quick=30)
     rng = np.random.default_rng(7)
     sizes = [int(n) for n in rng.integers(16, 16385, ALLOC_CALLS)]  # 64 B to 64 KiB
     stream = cupy.cuda.Stream(non_blocking=True)

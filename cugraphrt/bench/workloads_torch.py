@@ -30,6 +30,7 @@ from .spec import (
     cycling,
     describe,
     keep,
+    rotating,
     verify,
 )
 from .timing import gpu_batch, host_batch, single
@@ -40,6 +41,7 @@ from .torch_common import (
     adapter_function,
     capture_batch,
     convnet,
+    graph_builds,
     mlp,
     one_kernel_replay,
     release_torch,
@@ -110,21 +112,26 @@ def _infer_row(ctx: Context, torch, variant: _Variant, row: RowBuilder) -> None:
     with torch.no_grad(), torch.cuda.stream(stream):
         model(inputs[0])  # cuBLAS / cuDNN handles and kernels, outside every system's time
         expected = model(inputs[1]).cpu().numpy()
-        hand = row.setup("torch_graph", lambda: HandGraph(torch, model, inputs[0]))
-        ours = row.setup("cugraphrt_torch", lambda: adapter_function("graph_module")(
-            copy.deepcopy(model), (inputs[0].clone(),), num_warmup_iters=WARMUP_ITERS))
+        builds = graph_builds(row, torch, model, inputs[0])
         compiled = _compiled(ctx, row, torch, model, variant, inputs)
-        calls_of = {"torch_eager": model, "torch_graph": hand, "torch_compile": compiled,
-                    "cugraphrt_torch": ours}
-        batches = {}
-        for system, fn in calls_of.items():
-            checked = fn is not None and verify(row, system, functools.partial(
-                _check_output, fn, inputs[1], expected, f"{system} {variant.metric}"))
-            batches[system] = keep(_wall_batch, cycling(fn, inputs), calls) if checked else None
-        if batches["torch_graph"] is None:
+        calls_of = {"torch_eager": [model], "torch_graph": builds["torch_graph"],
+                    "torch_compile": None if compiled is None else [compiled],
+                    "cugraphrt_torch": builds["cugraphrt_torch"]}
+        batches: dict[str, Callable[[], float] | None] = {}
+        for system, fns in calls_of.items():
+            if fns is None or not all(verify(row, system, functools.partial(
+                    _check_output, fn, inputs[1], expected, f"{system} {variant.metric}"))
+                    for fn in fns):
+                batches[system] = None
+                continue
+            batches[system] = rotating([keep(_wall_batch, cycling(fn, inputs), calls)
+                                        for fn in fns])
+        hands = builds["torch_graph"]
+        if batches["torch_graph"] is None or not hands:
             row.unavailable("gpu_floor", "needs the hand-written torch graph")
         else:
-            batches["gpu_floor"] = keep(gpu_batch, hand.graph.replay, calls, stream.cuda_stream)
+            batches["gpu_floor"] = rotating([keep(gpu_batch, hand.graph.replay, calls,
+                                                  stream.cuda_stream) for hand in hands])
         ctx.step(f"{variant.metric}: measure")
         row.measure(batches, repeats, scale=US)
 
@@ -265,8 +272,11 @@ TRAIN_CAPTURE = "train mlp 4x512 b32"
 #: more than 0.05 ms; it is the floor of a runtime kept in Python (docs/performance.md,
 #: "Capture time"). On builds of real models that cost is a few percent, and their capture
 #: rows keep the product target CAPTURE_TARGET. Here it is 26% and 15%: the targets bound
-#: the floor, so that growth of it still reads MISS.
-MLP_CAPTURE_TARGETS = {INFER_CAPTURE: 1.30, TRAIN_CAPTURE: 1.20}
+#: the floor, so that growth of it still reads MISS. The inference bound was 1.30, the floor
+#: itself: the 14 --quick reports on H200s since the warm-ups moved into the graph's pool
+#: (2026-11-28/29, docs/results) read 1.231x to 1.343x, median 1.30x, and it passed half of
+#: them. 1.40 sits above that spread; 0.1 ms more host work per build still reads MISS.
+MLP_CAPTURE_TARGETS = {INFER_CAPTURE: 1.40, TRAIN_CAPTURE: 1.20}
 
 
 def run_capture_time(ctx: Context) -> None:

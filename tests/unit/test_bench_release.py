@@ -117,3 +117,57 @@ def test_capture_batch_works_when_objects_were_frozen_before(monkeypatch):
         assert gc.get_freeze_count() == 0
     finally:
         gc.unfreeze()
+
+
+def test_rotating_times_each_build_in_turn():
+    from cugraphrt.bench.spec import rotating
+
+    batch = rotating([lambda: 1.0, lambda: 2.0, lambda: 3.0])
+    assert [batch() for _ in range(7)] == [1.0, 2.0, 3.0, 1.0, 2.0, 3.0, 1.0]
+
+
+def _recording_builds(monkeypatch, fail_at: int | None = None):
+    """graph_builds with HandGraph and graph_module replaced by recorders: the build order,
+    and the ``fail_at``-th build raising."""
+    from cugraphrt.bench.spec import RowBuilder
+
+    order: list[str] = []
+
+    def build(system):
+        def make(*args, **kwargs):
+            order.append(system)
+            if len(order) == fail_at:
+                raise RuntimeError(f"{system} build {len(order)} failed")
+            return (system, len(order))
+        return make
+
+    monkeypatch.setattr(torch_common, "HandGraph", build("torch_graph"))
+    monkeypatch.setattr(torch_common, "adapter_function",
+                        lambda name: build("cugraphrt_torch"))
+    sample = SimpleNamespace(clone=lambda: "clone")
+    row = RowBuilder("m", "us", ("torch_graph", "cugraphrt_torch"), "torch_graph",
+                     "cugraphrt_torch")
+    return torch_common.graph_builds(row, None, [1], sample), order, row
+
+
+def test_graph_builds_alternate_which_system_builds_first(monkeypatch):
+    builds, order, row = _recording_builds(monkeypatch)
+    assert torch_common.PLACEMENTS == 3
+    # torch's graph took the first place once, cugraphrt's next: no system always first.
+    assert order == ["torch_graph", "cugraphrt_torch", "cugraphrt_torch", "torch_graph",
+                     "torch_graph", "cugraphrt_torch"]
+    assert builds == {"torch_graph": [("torch_graph", 1), ("torch_graph", 4),
+                                      ("torch_graph", 5)],
+                      "cugraphrt_torch": [("cugraphrt_torch", 2), ("cugraphrt_torch", 3),
+                                          ("cugraphrt_torch", 6)]}
+    assert row.row.cells == {}
+
+
+def test_a_failed_build_leaves_its_system_out_and_says_why(monkeypatch):
+    builds, order, row = _recording_builds(monkeypatch, fail_at=3)
+    # cugraphrt's second build failed: no more of its builds, torch's go on.
+    assert order == ["torch_graph", "cugraphrt_torch", "cugraphrt_torch", "torch_graph",
+                     "torch_graph"]
+    assert builds["cugraphrt_torch"] is None
+    assert len(builds["torch_graph"]) == 3
+    assert "build 3 failed" in str(row.row.cells["cugraphrt_torch"])
