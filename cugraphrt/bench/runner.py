@@ -39,10 +39,11 @@ QUICK_BUDGET_S = 60.0
 
 
 def _workloads() -> tuple[Workload, ...]:
+    from .workloads_alloc import POOL_ALLOC
     from .workloads_architectures import GENERATE_ARCHITECTURES
     from .workloads_compile import HF_DECODE, RESNET50
     from .workloads_control import CG_TOLERANCE, DECODE_UNTIL_EOS
-    from .workloads_cupy import CHAIN, CUPY_MLP, POOL_ALLOC, POOL_SHARING, REPLAY
+    from .workloads_cupy import CHAIN, CUPY_MLP, POOL_SHARING, REPLAY
     from .workloads_generate import GENERATE
     from .workloads_moe import MOE_STEP
     from .workloads_rebind import REBIND
