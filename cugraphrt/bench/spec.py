@@ -331,13 +331,9 @@ def cycling(fn: Callable[[object], object], inputs: Sequence[object]) -> Callabl
 
 
 def rotating(batches: Sequence[Callable[[], float]]) -> Callable[[], float]:
-    """One system's batch over several builds of it: each sample times the next build.
-
-    Two graphs of the same kernels differ in device time by where their buffers landed: on
-    an H200 (2026-11-29), six builds of one 16-layer MLP (31 identical kernels each) replayed
-    in 55.7 to 58.4 us. A row timing one build per system reads that luck as the systems'
-    difference; the median over builds in turn reads a typical one.
-    """
+    """One system's batch over several builds of it: each sample times the next build, so
+    that a row's median reads a typical build rather than one build's placement in memory
+    (why it matters: ``torch_common.PLACEMENTS``)."""
     source = itertools.cycle(batches)
     return lambda: next(source)()
 
