@@ -205,11 +205,9 @@ def run_torch_train(ctx: Context) -> None:
 
 
 def _train_row(ctx: Context, torch, row: RowBuilder) -> None:
-    # A step is ~0.5 ms of host-bound work, and on a busy host the per-round ratio of two
-    # batches of 32 steps swings widely: on a two-H200 host (2026-11-29) its standard
-    # deviation was 0.10 to 0.21 over nine reports of 20 rounds, which read 0.979x to 1.074x
-    # (the median's error, about 1.25 sd / sqrt(rounds), was 4%). 80 rounds halve that, for
-    # about 4 s more of --quick.
+    # A step is ~0.5 ms of host-bound work. On a two-H200 host (2026-11-29) the per-round
+    # ratio's sd was 0.10-0.21, so the median of 20 rounds erred by ~4% (1.25 sd/sqrt(n)):
+    # nine reports read 0.979x-1.074x. 80 rounds halve that, for ~4 s more of --quick.
     calls, repeats = 4 * ROTATION, ctx.repeats(full=120, quick=80)
     torch.manual_seed(0)
     base = mlp(torch, (512,) * 5).cuda().train()
